@@ -1,0 +1,23 @@
+"""fencegate: idempotency keys and fencing tokens for side effects.
+
+The receiver half (`FenceGateMiddleware`, `fencegate serve`) and the worker half
+(`fencegate.lease`) speak one protocol; see the README.
+"""
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from fencegate.middleware import FenceGateMiddleware
+
+__all__ = ["FenceGateMiddleware", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    # Imported lazily so that `import fencegate.lease` in a worker does not pull in the gateway.
+    if name == "FenceGateMiddleware":
+        from fencegate.middleware import FenceGateMiddleware
+
+        return FenceGateMiddleware
+    raise AttributeError(name)

@@ -1,0 +1,53 @@
+"""The `fencegate` command. Each subcommand lives in its own module, which provides
+``add_arguments(parser)`` and ``run(args) -> int``; this file only dispatches."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+# name -> (module, one-line help)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "serve": ("fencegate.commands.serve", "run the gateway in front of an upstream HTTP API"),
+    "migrate": ("fencegate.commands.migrate", "apply the SQL migrations to the store"),
+    "purge": ("fencegate.commands.purge", "delete expired idempotency keys, fences and nonces"),
+    "demo": ("fencegate.commands.demo", "run the whole lease/fence story on the embedded store"),
+    "sign": ("fencegate.commands.sign", "sign one HTTP request (RFC 9421) for curl or other callers"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fencegate",
+        description="Idempotency keys and fencing tokens in front of any HTTP API.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        module = importlib.import_module(module_name)
+        command_parser = sub.add_parser(name, help=help_text, description=help_text)
+        module.add_arguments(command_parser)
+        command_parser.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args._run(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+    except CommandError as exc:
+        print(f"fencegate {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+class CommandError(Exception):
+    """A user-facing failure: printed as one clear line, exit status 2."""
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""Store fixtures shared by every test: real PostgreSQL and real SQLite, one fresh
+database per test."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from fencegate.migrations import migrate
+from tests.support import postgres
+
+
+@pytest.fixture(scope="session")
+def pg_server_url() -> str:
+    return postgres.server_url()
+
+
+@pytest.fixture
+async def pg_url(pg_server_url: str) -> AsyncIterator[str]:
+    """A new, migrated PostgreSQL database for one test."""
+    url = await postgres.create_database(pg_server_url)
+    await migrate(url)
+    try:
+        yield url
+    finally:
+        await postgres.drop_database(pg_server_url, url)
+
+
+@pytest.fixture
+async def sqlite_url(tmp_path: Path) -> str:
+    """A new, migrated SQLite file for one test."""
+    url = f"sqlite:///{tmp_path / 'fencegate.db'}"
+    await migrate(url)
+    return url
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def store_url(store_kind: str, request: pytest.FixtureRequest) -> Iterator[str]:
+    """The same test once on SQLite and once on PostgreSQL."""
+    fixture = "sqlite_url" if store_kind == "sqlite" else "pg_url"
+    yield request.getfixturevalue(fixture)

@@ -1,0 +1,127 @@
+"""Loopback helpers: free ports, waiting for a listener, a TCP relay a test can cut."""
+
+from __future__ import annotations
+
+import select
+import socket
+import threading
+import time
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for_port(port: int, *, host: str = "127.0.0.1", timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((host, port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"nothing listening on {host}:{port} after {timeout}s")
+
+
+class TcpRelay:
+    """A real TCP relay on 127.0.0.1 between a client and a server (e.g. PostgreSQL).
+
+    - ``silence()``: connections stay open but no byte passes either way, like a network
+      partition (the peers only notice through their own timeouts);
+    - ``heal()``: bytes flow again; bytes sent while silent are dropped, as a partition would;
+    - ``cut()``: every connection is reset and new ones are refused until ``heal()``.
+    """
+
+    def __init__(self, target_host: str, target_port: int) -> None:
+        self.target = (target_host, target_port)
+        self._listener = socket.socket()
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(128)
+        self.port = int(self._listener.getsockname()[1])
+        self._silent = False
+        self._refusing = False
+        self._closed = False
+        self._lock = threading.Lock()
+        self._pairs: list[tuple[socket.socket, socket.socket]] = []
+        self._thread = threading.Thread(target=self._accept_loop, daemon=True)
+        self._thread.start()
+
+    def __enter__(self) -> TcpRelay:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def silence(self) -> None:
+        self._silent = True
+
+    def heal(self) -> None:
+        self._silent = False
+        self._refusing = False
+
+    def cut(self) -> None:
+        self._refusing = True
+        self._reset_all()
+
+    def close(self) -> None:
+        self._closed = True
+        self._reset_all()
+        try:
+            self._listener.close()
+        except OSError:
+            pass
+
+    def _reset_all(self) -> None:
+        with self._lock:
+            pairs, self._pairs = self._pairs, []
+        for a, b in pairs:
+            for s in (a, b):
+                try:
+                    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+                    s.close()
+                except OSError:
+                    pass
+
+    def _accept_loop(self) -> None:
+        self._listener.settimeout(0.2)
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            if self._refusing:
+                client.close()
+                continue
+            try:
+                server = socket.create_connection(self.target, timeout=5)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._pairs.append((client, server))
+            threading.Thread(target=self._pump, args=(client, server), daemon=True).start()
+
+    def _pump(self, a: socket.socket, b: socket.socket) -> None:
+        peers = {a: b, b: a}
+        try:
+            while not self._closed:
+                ready, _, _ = select.select([a, b], [], [], 0.2)
+                for s in ready:
+                    data = s.recv(65536)
+                    if not data:
+                        return
+                    if not self._silent:
+                        peers[s].sendall(data)
+        except (OSError, ValueError):
+            pass
+        finally:
+            for s in (a, b):
+                try:
+                    s.close()
+                except OSError:
+                    pass
