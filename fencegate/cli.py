@@ -14,7 +14,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "migrate": ("fencegate.commands.migrate", "apply the SQL migrations to the store"),
     "purge": ("fencegate.commands.purge", "delete expired idempotency keys, fences and nonces"),
     "demo": ("fencegate.commands.demo", "run the whole lease/fence story on the embedded store"),
-    "sign": ("fencegate.commands.sign", "sign one HTTP request (RFC 9421) for curl or other callers"),
+    "sign": (
+        "fencegate.commands.sign",
+        "sign one HTTP request (RFC 9421) for curl or other callers",
+    ),
 }
 
 

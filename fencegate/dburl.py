@@ -32,6 +32,4 @@ def parse_database_url(url: str | None) -> DatabaseURL:
         if path == ":memory:":
             raise ValueError("an in-memory SQLite store cannot be shared; give a file path")
         return DatabaseURL("sqlite", url, Path(path))
-    raise ValueError(
-        f"unsupported database URL {url!r}: use postgresql://… or sqlite:///path.db"
-    )
+    raise ValueError(f"unsupported database URL {url!r}: use postgresql://… or sqlite:///path.db")

@@ -80,7 +80,9 @@ class TcpRelay:
         for a, b in pairs:
             for s in (a, b):
                 try:
-                    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+                    s.setsockopt(
+                        socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00"
+                    )
                     s.close()
                 except OSError:
                     pass

@@ -27,7 +27,7 @@ DEFAULT_LOCAL_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 async def _answers(url: str) -> bool:
     try:
         conn = await asyncpg.connect(url, timeout=3)
-    except (OSError, asyncpg.PostgresError, asyncio.TimeoutError):
+    except (TimeoutError, OSError, asyncpg.PostgresError):
         return False
     await conn.close()
     return True
@@ -59,8 +59,16 @@ def _start_with_initdb(bindir: str) -> str:
     )
     subprocess.run(
         [
-            *run_as, f"{bindir}/pg_ctl", "-D", datadir, "-w", "-l", f"{datadir}/log",
-            "-o", f"-p {port} -k {datadir} -h 127.0.0.1 -c max_connections=300", "start",
+            *run_as,
+            f"{bindir}/pg_ctl",
+            "-D",
+            datadir,
+            "-w",
+            "-l",
+            f"{datadir}/log",
+            "-o",
+            f"-p {port} -k {datadir} -h 127.0.0.1 -c max_connections=300",
+            "start",
         ],
         check=True,
         capture_output=True,
@@ -84,7 +92,9 @@ def _user_exists(name: str) -> bool:
 def _start_with_pgserver() -> str:
     import pgserver  # type: ignore[import-not-found]
 
-    server = pgserver.get_server(tempfile.mkdtemp(prefix="fencegate-pgserver-"), cleanup_mode="stop")
+    server = pgserver.get_server(
+        tempfile.mkdtemp(prefix="fencegate-pgserver-"), cleanup_mode="stop"
+    )
     return str(server.get_uri())
 
 

@@ -1,0 +1,73 @@
+"""Types shared across fencegate: the ASGI aliases, the request the decision engine sees, and
+the small protocols that join the gateway, the signature checks and the worker's client."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+DEFAULT_TENANT = "default"
+
+
+@dataclass(frozen=True, slots=True)
+class IncomingRequest:
+    """One HTTP request as received, independent of any framework.
+
+    ``headers`` keeps every field line in order with lower-cased names, so repeated headers
+    stay visible (a repeated fence header with different values is malformed).
+    """
+
+    method: str
+    scheme: str
+    authority: str  # host[:port] as the client addressed it
+    path: str  # decoded path, without the query
+    query_string: str  # raw query string, without "?"
+    headers: tuple[tuple[str, str], ...]
+    body: bytes
+
+    def header_values(self, name: str) -> list[str]:
+        name = name.lower()
+        return [v for k, v in self.headers if k == name]
+
+    @property
+    def target_uri(self) -> str:
+        query = f"?{self.query_string}" if self.query_string else ""
+        return f"{self.scheme}://{self.authority}{self.path}{query}"
+
+
+class NonceStore(Protocol):
+    async def remember_nonce(
+        self, key_id: str, nonce: str, ttl_seconds: float, *, timeout: float
+    ) -> bool:
+        """Record a signature nonce; False when it was already seen within its window."""
+        ...
+
+
+class Authenticator(Protocol):
+    """Step 1 of the gateway's decision order: who sent this request.
+
+    Returns the tenant that scopes every key and fence, or raises
+    ``fencegate.problems.Problem`` (401). Must not store anything but the nonce.
+    """
+
+    async def authenticate(self, request: IncomingRequest, nonces: NonceStore) -> str: ...
+
+    @property
+    def stripped_headers(self) -> frozenset[str]:
+        """Header names removed before forwarding once verified (lower case)."""
+        ...
+
+
+class RequestSigner(Protocol):
+    """Worker side: adds signature headers to an outgoing request after the fence headers."""
+
+    def sign(
+        self, method: str, url: str, headers: MutableMapping[str, str], body: bytes
+    ) -> None: ...
