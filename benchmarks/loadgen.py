@@ -1,0 +1,153 @@
+"""Closed-loop HTTP load: a fixed number of connections, each sending its next request as
+soon as the previous answer arrives, for a fixed time after a warm-up. Prints one JSON line.
+
+    python -m benchmarks.loadgen --url http://127.0.0.1:9001/charges --mode new-keys
+
+Modes (the request shape is the same in all three; only the headers differ):
+- ``plain``: no idempotency headers;
+- ``new-keys``: a new ``Idempotency-Key`` on every request, and a fence: each connection
+  plays one worker with its own entity and a fence that never goes down;
+- ``replay``: every request repeats one key, so all but the first are replays.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+import uuid
+from collections import Counter
+from typing import Any
+
+import aiohttp
+import orjson
+
+BODY = orjson.dumps({"amount": 1250, "currency": "EUR", "customer": "c-1048"})
+
+
+async def _worker(
+    index: int,
+    session: aiohttp.ClientSession,
+    *,
+    url: str,
+    mode: str,
+    run_id: str,
+    stop_at: float,
+    record_from: float,
+    latencies: list[float],
+    statuses: Counter[int],
+    errors: Counter[str],
+) -> None:
+    sequence = 0
+    entity = f"bench:{run_id}:{index}"
+    while True:
+        started = time.perf_counter()
+        if started >= stop_at:
+            return
+        sequence += 1
+        headers = {"content-type": "application/json"}
+        if mode == "new-keys":
+            headers["Idempotency-Key"] = f"bench:{run_id}:{index}:{sequence}"
+            headers["X-Execution-Fence"] = str(sequence)
+            headers["X-Execution-Entity"] = entity
+        elif mode == "replay":
+            headers["Idempotency-Key"] = f"bench:{run_id}:replay"
+        try:
+            async with session.post(url, data=BODY, headers=headers) as response:
+                await response.read()
+                status = response.status
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            if started >= record_from:
+                errors[type(exc).__name__] += 1
+            continue
+        if started >= record_from:
+            latencies.append(time.perf_counter() - started)
+            statuses[status] += 1
+
+
+def _percentile(sorted_values: list[float], fraction: float) -> float:
+    if not sorted_values:
+        return float("nan")
+    index = min(len(sorted_values) - 1, round(fraction * (len(sorted_values) - 1)))
+    return sorted_values[index]
+
+
+async def run(
+    *, url: str, mode: str, concurrency: int, duration: float, warmup: float
+) -> dict[str, Any]:
+    latencies: list[float] = []
+    statuses: Counter[int] = Counter()
+    errors: Counter[str] = Counter()
+    run_id = uuid.uuid4().hex[:10]
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    timeout = aiohttp.ClientTimeout(total=30)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        if mode == "replay":
+            # The first request executes; everything measured afterwards is a replay.
+            async with session.post(
+                url, data=BODY, headers={"Idempotency-Key": f"bench:{run_id}:replay"}
+            ) as response:
+                await response.read()
+        now = time.perf_counter()
+        record_from = now + warmup
+        stop_at = record_from + duration
+        await asyncio.gather(
+            *(
+                _worker(
+                    i,
+                    session,
+                    url=url,
+                    mode=mode,
+                    run_id=run_id,
+                    stop_at=stop_at,
+                    record_from=record_from,
+                    latencies=latencies,
+                    statuses=statuses,
+                    errors=errors,
+                )
+                for i in range(concurrency)
+            )
+        )
+    latencies.sort()
+    return {
+        "url": url,
+        "mode": mode,
+        "concurrency": concurrency,
+        "duration": duration,
+        "requests": len(latencies),
+        "rps": len(latencies) / duration,
+        "p50_ms": _percentile(latencies, 0.50) * 1000,
+        "p99_ms": _percentile(latencies, 0.99) * 1000,
+        "statuses": {str(k): v for k, v in sorted(statuses.items())},
+        "errors": dict(errors),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="closed-loop HTTP load generator")
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--mode", choices=["plain", "new-keys", "replay"], default="plain")
+    parser.add_argument("--concurrency", type=int, default=48)
+    parser.add_argument("--duration", type=float, default=5.0)
+    parser.add_argument("--warmup", type=float, default=1.0)
+    args = parser.parse_args(argv)
+    try:
+        import uvloop
+
+        runner: Any = uvloop.run
+    except ImportError:
+        runner = asyncio.run
+    result = runner(
+        run(
+            url=args.url,
+            mode=args.mode,
+            concurrency=args.concurrency,
+            duration=args.duration,
+            warmup=args.warmup,
+        )
+    )
+    print(orjson.dumps(result).decode())
+
+
+if __name__ == "__main__":
+    main()

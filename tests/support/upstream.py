@@ -1,0 +1,269 @@
+"""A real upstream HTTP service for gateway tests and benchmarks, run by uvicorn in its own
+process on a loopback port.
+
+It counts executions per ``Idempotency-Key`` (counted when the request arrives, before any
+delay, so a request the gateway gave up on still counts) and answers JSON describing what it
+received. Behaviour is chosen per request, by query parameter or header:
+
+- ``?delay=SECONDS`` / ``X-Upstream-Delay``: wait before answering;
+- ``?status=NNN`` / ``X-Upstream-Status``: answer with that status;
+- ``?size=BYTES`` / ``X-Upstream-Size``: pad the answer to at least that many bytes.
+
+Control endpoints (never counted): ``GET /_count?key=K`` → ``{"key": K, "count": n}``,
+``GET /_stats`` → every key's count and the total number of requests, ``POST /_reset``.
+
+Run it with ``python -m tests.support.upstream --port N``; tests use `UpstreamProcess`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Awaitable, Callable, MutableMapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, quote
+
+import orjson
+
+from tests.support.net import free_port, wait_for_port
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+class UpstreamApp:
+    """Pure ASGI so that, in benchmarks, the upstream costs as little as possible."""
+
+    def __init__(self) -> None:
+        self.counts: collections.Counter[str] = collections.Counter()
+        self.requests = 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        body = await _read_body(receive)
+        path: str = scope["path"]
+        query = {k: v[-1] for k, v in parse_qs(scope["query_string"].decode("latin-1")).items()}
+        headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]]
+        if path == "/_count":
+            key = query.get("key", "")
+            await _answer(send, 200, {"key": key, "count": self.counts[key]})
+            return
+        if path == "/_stats":
+            await _answer(send, 200, {"requests": self.requests, "counts": dict(self.counts)})
+            return
+        if path == "/_reset" and scope["method"] == "POST":
+            self.counts.clear()
+            self.requests = 0
+            await _answer(send, 200, {"reset": True})
+            return
+
+        self.requests += 1
+        options = {k.lower(): v for k, v in headers}
+        key = options.get("idempotency-key")
+        if key is not None:
+            self.counts[key] += 1
+        delay = float(query.get("delay") or options.get("x-upstream-delay") or 0)
+        status = int(query.get("status") or options.get("x-upstream-status") or 200)
+        size = int(query.get("size") or options.get("x-upstream-size") or 0)
+        if delay > 0:
+            await asyncio.sleep(delay)
+        answer: dict[str, Any] = {
+            "method": scope["method"],
+            "path": path,
+            "query": scope["query_string"].decode("latin-1"),
+            "headers": headers,
+            "body_length": len(body),
+            "key": key,
+            "execution": self.counts[key] if key is not None else None,
+        }
+        if size:
+            answer["padding"] = "x" * size
+        await _answer(send, status, answer)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+
+async def _read_body(receive: Receive) -> bytes:
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            break
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks)
+
+
+async def _answer(send: Send, status: int, payload: dict[str, Any]) -> None:
+    body = orjson.dumps(payload)
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"x-upstream", b"fencegate-test-upstream"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+app = UpstreamApp()
+
+
+class UpstreamProcess:
+    """Start the upstream in a subprocess on a free (or given) loopback port.
+
+    ``stop()`` then ``start()`` reuses the same port, so a gateway configured with this
+    upstream sees "connection refused" while it is stopped. Counts restart at zero with
+    each new process.
+    """
+
+    def __init__(self, *, port: int | None = None, startup_timeout: float = 20.0) -> None:
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.startup_timeout = startup_timeout
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log = tempfile.NamedTemporaryFile(prefix="upstream-", suffix=".log", delete=False)
+
+    def __enter__(self) -> UpstreamProcess:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+        self._log.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self._log.name)
+
+    def start(self) -> None:
+        if self.running:
+            return
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p
+        )
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.support.upstream", "--port", str(self.port)],
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            wait_for_port(self.port, timeout=self.startup_timeout)
+        except TimeoutError:
+            self.stop()
+            raise RuntimeError(f"upstream did not start:\n{self.log_text()}") from None
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def stop(self, *, timeout: float = 10.0) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=timeout)
+
+    def log_text(self) -> str:
+        self._log.flush()
+        return Path(self._log.name).read_text(errors="replace")
+
+    def _get(self, path: str, *, timeout: float) -> dict[str, Any]:
+        with urllib.request.urlopen(self.url + path, timeout=timeout) as response:
+            return dict(json.loads(response.read()))
+
+    def count(self, key: str, *, timeout: float = 10.0) -> int:
+        """How many times a request with this Idempotency-Key reached the upstream."""
+        return int(self._get(f"/_count?key={quote(key, safe='')}", timeout=timeout)["count"])
+
+    def stats(self, *, timeout: float = 10.0) -> dict[str, Any]:
+        return self._get("/_stats", timeout=timeout)
+
+    def total_requests(self, *, timeout: float = 10.0) -> int:
+        return int(self.stats(timeout=timeout)["requests"])
+
+    def wait_for_count(
+        self, key: str, expected: int, *, timeout: float = 15.0, interval: float = 0.05
+    ) -> int:
+        """Poll until the key was seen `expected` times (or the timeout); returns the count."""
+        deadline = time.monotonic() + timeout
+        seen = self.count(key)
+        while seen < expected and time.monotonic() < deadline:
+            time.sleep(interval)
+            seen = self.count(key)
+        return seen
+
+    # Async tests must not block their event loop (their own requests may be in flight).
+    async def acount(self, key: str, *, timeout: float = 10.0) -> int:
+        return await asyncio.to_thread(self.count, key, timeout=timeout)
+
+    async def astats(self, *, timeout: float = 10.0) -> dict[str, Any]:
+        return await asyncio.to_thread(self.stats, timeout=timeout)
+
+    async def await_count(
+        self, key: str, expected: int, *, timeout: float = 15.0, interval: float = 0.05
+    ) -> int:
+        return await asyncio.to_thread(
+            self.wait_for_count, key, expected, timeout=timeout, interval=interval
+        )
+
+
+def main(argv: list[str] | None = None) -> None:
+    import uvicorn
+
+    parser = argparse.ArgumentParser(description="test upstream for fencegate")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    args = parser.parse_args(argv)
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        loop="uvloop",
+        http="httptools",
+        log_level="warning",
+        access_log=False,
+        backlog=2048,
+    )
+
+
+if __name__ == "__main__":
+    main()
