@@ -190,6 +190,11 @@ class UpstreamProcess:
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
+    @property
+    def pid(self) -> int:
+        assert self._proc is not None, "upstream not started"
+        return self._proc.pid
+
     def stop(self, *, timeout: float = 10.0) -> None:
         proc, self._proc = self._proc, None
         if proc is None:
