@@ -118,11 +118,15 @@ class HttpSigner:
         return cls.from_material(key_id=key_id, alg=alg, material=Path(path).read_bytes())
 
     @classmethod
-    def from_material(cls, *, key_id: str, alg: str, material: bytes) -> HttpSigner:
+    def from_material(
+        cls, *, key_id: str, alg: str, material: bytes, digest: str = "sha-256"
+    ) -> HttpSigner:
         if alg == "hmac-sha256":
-            return cls(key_id=key_id, secret=load_hmac_secret(material), alg=alg)
+            secret = load_hmac_secret(material)
+            return cls(key_id=key_id, secret=secret, alg=alg, digest=digest)
         if alg == "ed25519":
-            return cls(key_id=key_id, private_key=load_ed25519_private(material), alg=alg)
+            private_key = load_ed25519_private(material)
+            return cls(key_id=key_id, private_key=private_key, alg=alg, digest=digest)
         raise ValueError(f"alg must be one of {', '.join(ALGORITHMS)}, got {alg!r}")
 
     def sign(self, method: str, url: str, headers: MutableMapping[str, str], body: bytes) -> None:
