@@ -149,7 +149,10 @@ class UpstreamProcess:
     each new process.
     """
 
-    def __init__(self, *, port: int | None = None, startup_timeout: float = 20.0) -> None:
+    def __init__(
+        self, *, port: int | None = None, autostart: bool = True, startup_timeout: float = 20.0
+    ) -> None:
+        self.autostart = autostart
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.startup_timeout = startup_timeout
@@ -157,7 +160,8 @@ class UpstreamProcess:
         self._log = tempfile.NamedTemporaryFile(prefix="upstream-", suffix=".log", delete=False)
 
     def __enter__(self) -> UpstreamProcess:
-        self.start()
+        if self.autostart:
+            self.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
