@@ -1,0 +1,139 @@
+"""The worker's event log: one JSON object per line, the record a person reads at 2 a.m.
+
+Events carry ids, fencing tokens, hashes, durations and error codes, never payloads or
+results (a log must not become a second copy of customer data): use `digest` for those.
+
+Names (DESIGN §2): job_claimed, heartbeat_ok, heartbeat_failed, ownership_unknown,
+heartbeat_lost, tool_request_started, tool_timeout, result_committed, result_rejected,
+retry_scheduled, job_failed; and job_released, job_cancelled, stage_skipped, stage_committed,
+stage_timeout, tool_failed, worker_started, worker_stopped.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import threading
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import IO, Any
+
+import orjson
+
+Event = dict[str, Any]
+Sink = Callable[[Event], None]
+
+EVENT_NAMES = frozenset(
+    {
+        "job_claimed",
+        "heartbeat_ok",
+        "heartbeat_failed",
+        "ownership_unknown",
+        "heartbeat_lost",
+        "tool_request_started",
+        "tool_timeout",
+        "result_committed",
+        "result_rejected",
+        "retry_scheduled",
+        "job_failed",
+        "job_released",
+        "job_cancelled",
+        "stage_skipped",
+        "stage_committed",
+        "stage_timeout",
+        "tool_failed",
+        "worker_started",
+        "worker_stopped",
+    }
+)
+
+
+def digest(value: Any) -> str:
+    """``sha256:<hex>`` of a value's canonical JSON (bytes and str are hashed as they are)."""
+    if isinstance(value, bytes):
+        data = value
+    elif isinstance(value, str):
+        data = value.encode()
+    else:
+        data = orjson.dumps(value, option=orjson.OPT_SORT_KEYS, default=str)
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, dt.datetime):
+        return value.isoformat()
+    return str(value)
+
+
+class EventLog:
+    """Thread-safe: the heartbeat thread and the worker's loop write to the same log.
+
+    ``sink`` is a path (appended to), a text or binary stream, a callable taking the event
+    dict, or None (kept in memory only). ``keep`` keeps the last events in ``records``.
+    """
+
+    def __init__(
+        self,
+        sink: str | Path | IO[str] | IO[bytes] | Sink | None = None,
+        *,
+        keep: int = 10_000,
+    ) -> None:
+        self._lock = threading.Lock()
+        self._keep = keep
+        self.records: list[Event] = []
+        self._file: IO[bytes] | None = None
+        self._stream: Any = None
+        self._call: Sink | None = None
+        if isinstance(sink, str | Path):
+            self._file = open(sink, "ab")
+        elif callable(sink):
+            self._call = sink
+        else:
+            self._stream = sink
+
+    def _write(self, line: bytes) -> None:
+        if self._file is not None:
+            self._file.write(line)
+            self._file.flush()
+        elif self._stream is not None:
+            # Text streams (sys.stdout) take str; binary ones take the bytes as they are.
+            self._stream.write(line.decode() if hasattr(self._stream, "encoding") else line)
+            self._stream.flush()
+
+    def emit(self, event: str, **fields: Any) -> Event:
+        if event not in EVENT_NAMES:
+            raise ValueError(f"unknown event name {event!r}")
+        record: Event = {
+            "ts": dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"),
+            "event": event,
+        }
+        record.update({k: v for k, v in fields.items() if v is not None})
+        line = orjson.dumps(record, default=_json_default) + b"\n"
+        with self._lock:
+            if self._keep:
+                self.records.append(record)
+                if len(self.records) > self._keep:
+                    del self.records[: len(self.records) - self._keep]
+            self._write(line)
+            if self._call is not None:
+                self._call(record)
+        return record
+
+    def named(self, *names: str) -> list[Event]:
+        with self._lock:
+            return [r for r in self.records if r["event"] in names]
+
+    def for_job(self, job_id: Any) -> list[Event]:
+        with self._lock:
+            return [r for r in self.records if r.get("job") == str(job_id)]
+
+    def close(self) -> None:
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
+
+
+def read_events(lines: Iterable[str | bytes]) -> list[Event]:
+    """Parse a JSON-lines event log (e.g. a file another process wrote)."""
+    return [orjson.loads(line) for line in lines if line.strip()]

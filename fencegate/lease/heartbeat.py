@@ -1,0 +1,277 @@
+"""The heartbeat controller: renews leases from its own thread, event loop and connection.
+
+A tool that blocks the worker's event loop (``time.sleep``, a native call) cannot starve
+it, and it renews a lease only while the execution it belongs to is alive and unfinished
+(`Execution.running`), never on a bare timer.
+
+Three kinds of trouble, three reactions:
+
+- zero rows (``extend`` → None): the lease is lost. Log ``heartbeat_lost``, cancel the tool;
+  its result will not be committed.
+- no answer (`StoreUnavailable`): ownership is unknown. Log ``heartbeat_failed`` and
+  ``ownership_unknown``; the job's guard refuses new external actions; retry sooner than a
+  full period; at ``lease_until - margin`` give up locally (cancel, no commit).
+- success: ``heartbeat_ok``; the guard allows actions again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from fencegate.lease.errors import StoreUnavailable
+from fencegate.lease.events import EventLog
+from fencegate.lease.execution import Execution, Ownership
+from fencegate.lease.metrics import WorkerMetrics
+from fencegate.lease.models import Lease
+
+# An extend that cannot even be sent quickly is no better than none: keep a floor so a
+# nearly-expired lease still gets one honest try.
+_MIN_CALL_TIMEOUT = 0.25
+_MIN_RETRY_DELAY = 0.05
+
+
+class RenewingStore(Protocol):
+    async def extend(self, lease: Lease, *, timeout: float) -> Lease | None: ...
+
+    async def get(self, job_id: Any, *, timeout: float) -> Any: ...
+
+    async def close(self) -> None: ...
+
+
+class HeartbeatController:
+    def __init__(
+        self,
+        connect: Callable[[], Awaitable[RenewingStore]],
+        *,
+        events: EventLog,
+        metrics: WorkerMetrics,
+        worker_id: str,
+        margin: float | None = None,
+    ) -> None:
+        self._connect = connect
+        self.events = events
+        self.metrics = metrics
+        self.worker_id = worker_id
+        self.margin = margin
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._store: RenewingStore | None = None
+        self._wakeups: dict[int, asyncio.Event] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # -- life cycle (called from the worker's thread) --------------------------------------
+    def start(self, *, timeout: float) -> None:
+        ready = threading.Event()
+        self._thread = threading.Thread(
+            target=self._thread_main, args=(ready,), name=f"heartbeat-{self.worker_id}", daemon=True
+        )
+        self._thread.start()
+        if not ready.wait(timeout):
+            raise TimeoutError("heartbeat thread did not start")
+        assert self._loop is not None
+        future = asyncio.run_coroutine_threadsafe(self._open(), self._loop)
+        try:
+            future.result(timeout)
+        except BaseException:
+            self.stop(timeout=timeout)
+            raise
+
+    def _thread_main(self, ready: threading.Event) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        asyncio.set_event_loop(loop)
+        ready.set()
+        try:
+            loop.run_forever()
+        finally:
+            loop.close()
+
+    async def _open(self) -> None:
+        self._store = await self._connect()
+
+    def stop(self, *, timeout: float) -> None:
+        loop, thread = self._loop, self._thread
+        if loop is None or thread is None or not thread.is_alive():
+            return
+        future = asyncio.run_coroutine_threadsafe(self._close(timeout=timeout), loop)
+        with contextlib.suppress(Exception):
+            future.result(timeout + 1.0)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout)
+
+    async def _close(self, *, timeout: float) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=timeout)
+        if self._store is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._store.close(), timeout)
+
+    # -- executions (thread-safe) -----------------------------------------------------------
+    def register(
+        self,
+        execution: Execution,
+        *,
+        kind: str,
+        cancel: Callable[[], None],
+        margin: float,
+    ) -> None:
+        """Keep ``execution``'s lease while it runs; call ``cancel`` if it must stop."""
+        loop = self._require_loop()
+        loop.call_soon_threadsafe(self._spawn, execution, kind, cancel, margin)
+
+    def unregister(self, execution: Execution) -> None:
+        """The tool finished (or was abandoned): stop renewing at once."""
+        execution.finish()
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(self._wake, id(execution))
+
+    def _require_loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None or self._store is None:
+            raise RuntimeError("heartbeat controller not started")
+        return self._loop
+
+    def _spawn(
+        self, execution: Execution, kind: str, cancel: Callable[[], None], margin: float
+    ) -> None:
+        wake = asyncio.Event()
+        self._wakeups[id(execution)] = wake
+        if not execution.running:
+            wake.set()
+        task = asyncio.get_running_loop().create_task(
+            self._keep(execution, kind, cancel, margin, wake)
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _wake(self, key: int) -> None:
+        wake = self._wakeups.get(key)
+        if wake is not None:
+            wake.set()
+
+    # -- the renewal loop of one execution (controller thread) ------------------------------
+    async def _keep(
+        self,
+        execution: Execution,
+        kind: str,
+        cancel: Callable[[], None],
+        margin: float,
+        wake: asyncio.Event,
+    ) -> None:
+        store = self._store
+        assert store is not None
+        period = float(execution.lease.heartbeat_seconds)
+        next_at = time.monotonic() + period - execution.confirmed_age()
+        failures = 0
+        try:
+            while execution.running:
+                delay = next_at - time.monotonic()
+                if delay > 0:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(wake.wait(), delay)
+                if not execution.running or execution.state is Ownership.LOST:
+                    return
+                sent_at = time.monotonic()
+                budget = execution.remaining(now=sent_at) - margin
+                call_timeout = max(_MIN_CALL_TIMEOUT, min(period, budget))
+                try:
+                    renewed = await store.extend(execution.lease, timeout=call_timeout)
+                except (StoreUnavailable, TimeoutError, OSError) as exc:
+                    failures += 1
+                    self._failed(execution, kind, exc, failures)
+                    left = execution.remaining() - margin
+                    if left <= 0:
+                        self._lose(execution, kind, cancel, "ownership_unknown_past_margin")
+                        return
+                    # Retry sooner than a full period while there is margin left.
+                    next_at = time.monotonic() + max(_MIN_RETRY_DELAY, min(period, left / 3))
+                    continue
+                if renewed is None:
+                    await self._lost_zero_rows(store, execution, kind, cancel)
+                    return
+                if not execution.renewed(renewed, sent_at=sent_at):
+                    return
+                failures = 0
+                self.events.emit(
+                    "heartbeat_ok",
+                    job=str(execution.job_id),
+                    kind=kind,
+                    token=execution.fencing_token,
+                    worker=self.worker_id,
+                    lease_until=renewed.lease_until,
+                )
+                next_at = sent_at + period
+        finally:
+            self._wakeups.pop(id(execution), None)
+
+    def _failed(self, execution: Execution, kind: str, exc: BaseException, failures: int) -> None:
+        self.metrics.failed_renewals.labels(kind).inc()
+        common = {
+            "job": str(execution.job_id),
+            "kind": kind,
+            "token": execution.fencing_token,
+            "worker": self.worker_id,
+        }
+        self.events.emit(
+            "heartbeat_failed",
+            **common,
+            error=type(exc).__name__,
+            detail=str(exc)[:200] or None,
+            consecutive=failures,
+        )
+        if execution.mark_unknown():
+            self.events.emit(
+                "ownership_unknown",
+                **common,
+                last_confirmed_lease_until=execution.lease.lease_until,
+                confirmed_seconds_ago=round(execution.confirmed_age(), 3),
+                remaining_seconds=round(execution.remaining(), 3),
+            )
+
+    async def _lost_zero_rows(
+        self,
+        store: RenewingStore,
+        execution: Execution,
+        kind: str,
+        cancel: Callable[[], None],
+    ) -> None:
+        # Say why at 2 a.m.: cancelled by an operator, or taken over by whom with which token.
+        details: dict[str, Any] = {}
+        with contextlib.suppress(Exception):
+            job = await store.get(execution.job_id, timeout=2.0)
+            details = {
+                "job_state": job.state,
+                "current_owner": job.owner_id if job.owner_id != self.worker_id else None,
+                "current_token": job.fencing_token,
+            }
+        self._lose(execution, kind, cancel, "zero_rows", **details)
+
+    def _lose(
+        self,
+        execution: Execution,
+        kind: str,
+        cancel: Callable[[], None],
+        reason: str,
+        **details: Any,
+    ) -> None:
+        if not execution.mark_lost(reason):
+            return
+        self.metrics.expired_leases.labels(kind).inc()
+        self.events.emit(
+            "heartbeat_lost",
+            job=str(execution.job_id),
+            kind=kind,
+            token=execution.fencing_token,
+            worker=self.worker_id,
+            reason=reason,
+            **details,
+        )
+        cancel()

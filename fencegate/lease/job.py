@@ -1,0 +1,181 @@
+"""`JobContext`: what a tool receives. Its payload, its identity and fence, the guard that
+refuses new external actions once ownership is lost or unknown, persistable stages, and the
+fenced HTTP clients."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+from fencegate.lease.events import EventLog, digest
+from fencegate.lease.execution import Execution, OwnershipLost
+
+if TYPE_CHECKING:
+    import aiohttp
+
+    from fencegate.lease.client import FencedClient
+    from fencegate.lease.httpx_client import FencedAuth
+    from fencegate.lease.models import Lease
+    from fencegate.types import RequestSigner
+
+
+class StageStore(Protocol):
+    """The part of `LeaseQueue` that stages use."""
+
+    async def stage_result(self, lease: Lease, name: str, *, timeout: float) -> Any: ...
+
+    async def commit_stage(
+        self, lease: Lease, name: str, result: Any, *, timeout: float
+    ) -> bool: ...
+
+
+class StageTimeout(TimeoutError):
+    """A stage ran longer than its work class allows (the lease may be perfectly fine)."""
+
+
+class JobContext:
+    def __init__(
+        self,
+        execution: Execution,
+        *,
+        queue: StageStore,
+        events: EventLog,
+        worker_id: str,
+        ownership_margin: float,
+        signer: RequestSigner | None = None,
+        session: Callable[[], aiohttp.ClientSession] | None = None,
+        store_timeout: float = 10.0,
+        http_timeout: float = 30.0,
+    ) -> None:
+        self.execution = execution
+        self.queue = queue
+        self.events = events
+        self.worker_id = worker_id
+        self.ownership_margin = ownership_margin
+        self.signer = signer
+        self._session = session
+        self.store_timeout = store_timeout
+        self.http_timeout = http_timeout
+        self.current_stage: str | None = None
+
+    # -- identity -------------------------------------------------------------------------
+    @property
+    def lease(self) -> Lease:
+        return self.execution.lease
+
+    @property
+    def id(self) -> Any:
+        return self.lease.job_id
+
+    @property
+    def kind(self) -> str:
+        return str(self.lease.kind)
+
+    @property
+    def payload(self) -> Any:
+        return self.lease.payload
+
+    @property
+    def attempt(self) -> int:
+        return int(self.lease.attempt)
+
+    @property
+    def fencing_token(self) -> int:
+        return int(self.lease.fencing_token)
+
+    @property
+    def idempotency_key(self) -> str:
+        return str(self.lease.idempotency_key)
+
+    @property
+    def default_entity(self) -> str:
+        return f"job:{self.id}"
+
+    def step_key(self, step: str) -> str:
+        """The stable ``Idempotency-Key`` of one step of this job: the same on every attempt."""
+        return f"{self.idempotency_key}:{step}"
+
+    def emit(self, event: str, **fields: Any) -> None:
+        self.events.emit(
+            event,
+            job=str(self.id),
+            kind=self.kind,
+            token=self.fencing_token,
+            worker=self.worker_id,
+            **fields,
+        )
+
+    # -- ownership ------------------------------------------------------------------------
+    def guard(self) -> None:
+        """Raise `OwnershipLost` / `OwnershipUnknown` unless a new external action may start."""
+        self.execution.guard(margin=self.ownership_margin)
+
+    def ensure_owner(self, margin: float | None = None) -> None:
+        self.execution.guard(margin=self.ownership_margin if margin is None else margin)
+
+    # -- stages ---------------------------------------------------------------------------
+    async def stage(
+        self,
+        name: str,
+        fn: Callable[[], Awaitable[Any] | Any],
+        *,
+        timeout: float | None = None,
+    ) -> Any:
+        """Run ``fn`` once per job: a later attempt gets the stored result instead.
+
+        The result is stored only if this worker still holds the lease (same token);
+        otherwise `OwnershipLost` is raised and nothing is recorded.
+        """
+        record = await self.queue.stage_result(self.lease, name, timeout=self.store_timeout)
+        if record is not None:
+            self.emit("stage_skipped", stage=name, result_sha256=digest(record.result))
+            return record.result
+        self.guard()
+        limit = timeout if timeout is not None else self.lease.stage_timeout_seconds
+        previous, self.current_stage = self.current_stage, name
+        try:
+            result = await asyncio.wait_for(_call(fn), limit)
+        except TimeoutError as exc:
+            self.emit("stage_timeout", stage=name, timeout_seconds=limit)
+            raise StageTimeout(f"stage {name!r} ran longer than {limit}s") from exc
+        finally:
+            self.current_stage = previous
+        committed = await self.queue.commit_stage(
+            self.lease, name, result, timeout=self.store_timeout
+        )
+        if not committed:
+            self.execution.mark_lost("stage_rejected")
+            self.emit("result_rejected", stage=name, result_sha256=digest(result))
+            raise OwnershipLost(self.id, self.fencing_token, f"stage {name!r} not committed")
+        self.emit("stage_committed", stage=name, result_sha256=digest(result))
+        return result
+
+    # -- HTTP -----------------------------------------------------------------------------
+    def http(self, *, entity: str | None = None, timeout: float | None = None) -> FencedClient:
+        """The fenced aiohttp client over the worker's pooled session."""
+        from fencegate.lease.client import FencedClient
+
+        if self._session is None:
+            raise RuntimeError("this job has no HTTP session (run it through a Worker)")
+        return FencedClient(
+            self,
+            self._session(),
+            entity=entity,
+            signer=self.signer,
+            timeout=timeout or self.http_timeout,
+        )
+
+    def httpx_auth(self, *, step: str | None = None, entity: str | None = None) -> FencedAuth:
+        """An `httpx.Auth` that fences and signs every request of an httpx client."""
+        from fencegate.lease.httpx_client import FencedAuth
+
+        return FencedAuth(self, step=step, entity=entity, signer=self.signer)
+
+
+async def _call(fn: Callable[[], Awaitable[Any] | Any]) -> Any:
+    result = fn()
+    if inspect.isawaitable(result):
+        result = await result
+    return result

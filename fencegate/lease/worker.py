@@ -1,0 +1,496 @@
+"""`Worker`: claims jobs, runs their tools under a lease, commits only while it owns them.
+
+One worker is one claim loop on one event loop, running up to ``concurrency`` tools at once,
+plus a heartbeat controller on its own thread and connection (`fencegate.lease.heartbeat`).
+For each lease it:
+
+1. logs ``job_claimed`` and registers the execution with the controller;
+2. runs the tool with the work class's tool timeout (``tool_timeout`` → retry);
+3. commits through the conditional ``complete``/``fail``: a lost lease or a ``False`` answer
+   is ``result_rejected`` (the result is logged as a hash, nothing else);
+4. a `PermanentError` fails the job at once; other errors are retried with the queue's
+   backoff until the attempts are exhausted (``job_failed``).
+
+``stop()`` (SIGTERM through `run_worker`) stops claiming, lets running tools finish within
+``grace_seconds`` and releases the leases of those that cannot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+
+from fencegate.lease.errors import StoreUnavailable
+from fencegate.lease.events import EventLog, digest
+from fencegate.lease.execution import (
+    Execution,
+    Ownership,
+    OwnershipLost,
+    OwnershipUnknown,
+    PermanentError,
+)
+from fencegate.lease.heartbeat import HeartbeatController, RenewingStore
+from fencegate.lease.job import JobContext
+from fencegate.lease.metrics import WorkerMetrics
+
+if TYPE_CHECKING:
+    from fencegate.lease.models import Lease
+    from fencegate.lease.policy import WorkClass
+    from fencegate.lease.queue import LeaseQueue
+    from fencegate.types import RequestSigner
+
+Tool = Callable[[JobContext], Coroutine[Any, Any, Any]]
+
+_default_metrics: WorkerMetrics | None = None
+_default_metrics_lock = threading.Lock()
+
+
+def default_metrics() -> WorkerMetrics:
+    """One set of worker metrics on the default Prometheus registry, shared by the process."""
+    global _default_metrics
+    with _default_metrics_lock:
+        if _default_metrics is None:
+            _default_metrics = WorkerMetrics()
+        return _default_metrics
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+def error_record(exc: BaseException) -> dict[str, str]:
+    """What goes into the job's ``error``: the class and message, never a traceback."""
+    return {"type": type(exc).__name__, "message": str(exc)[:500]}
+
+
+class Worker:
+    def __init__(
+        self,
+        queue: str | LeaseQueue,
+        *,
+        tools: Mapping[str, Tool],
+        worker_id: str | None = None,
+        kinds: Sequence[str] | None = None,
+        concurrency: int = 4,
+        work_classes: Iterable[WorkClass] = (),
+        signer: RequestSigner | None = None,
+        events: EventLog | None = None,
+        metrics: WorkerMetrics | None = None,
+        grace_seconds: float = 30.0,
+        ownership_margin_seconds: float | None = None,
+        store_timeout: float = 10.0,
+        poll_seconds: float = 1.0,
+        http_timeout: float = 30.0,
+        heartbeat_store: Callable[[], Awaitable[RenewingStore]] | None = None,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        self.worker_id = worker_id or default_worker_id()
+        self.tools = dict(tools)
+        self.kinds = list(kinds) if kinds is not None else list(self.tools)
+        missing = [k for k in self.kinds if k not in self.tools]
+        if missing:
+            raise ValueError(f"no tool for kind(s) {', '.join(missing)}")
+        self.concurrency = concurrency
+        self.work_classes = list(work_classes)
+        self.signer = signer
+        self.events = events if events is not None else EventLog()
+        self.metrics = metrics if metrics is not None else default_metrics()
+        self.grace_seconds = grace_seconds
+        self.ownership_margin_seconds = ownership_margin_seconds
+        self.store_timeout = store_timeout
+        self.poll_seconds = poll_seconds
+        self.http_timeout = http_timeout
+        self._queue_arg = queue
+        self._heartbeat_store = heartbeat_store
+        self.queue: LeaseQueue | None = None
+        self._owns_queue = False
+        self._controller: HeartbeatController | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping: asyncio.Event | None = None
+        self._stop_requested = False
+        self._running: dict[asyncio.Task[None], Execution] = {}
+        self._tool_tasks: dict[Execution, asyncio.Task[Any]] = {}
+        self._shutting_down: set[Execution] = set()
+
+    # -- public ---------------------------------------------------------------------------
+    async def run(self) -> None:
+        """Work until `stop()`; then finish or release what is running."""
+        await self._start()
+        try:
+            await self._claim_loop(until_idle=False)
+        finally:
+            await self._shutdown()
+
+    async def run_until_idle(self) -> None:
+        """Work until nothing is claimable now and nothing is running (retries scheduled
+        for later are left for later)."""
+        await self._start()
+        try:
+            await self._claim_loop(until_idle=True)
+        finally:
+            await self._shutdown()
+
+    def stop(self) -> None:
+        """Stop claiming and shut down gracefully. Safe from any thread or signal handler."""
+        self._stop_requested = True
+        loop, stopping = self._loop, self._stopping
+        if loop is None or stopping is None:
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            stopping.set()
+        elif not loop.is_closed():
+            loop.call_soon_threadsafe(stopping.set)
+
+    # -- start and stop -------------------------------------------------------------------
+    async def _start(self) -> None:
+        from fencegate.lease.queue import LeaseQueue
+
+        self._loop = asyncio.get_running_loop()
+        self._stopping = asyncio.Event()
+        if self._stop_requested:
+            self._stopping.set()
+        if isinstance(self._queue_arg, str):
+            self.queue = await LeaseQueue.connect(self._queue_arg, timeout=self.store_timeout)
+            self._owns_queue = True
+        else:
+            self.queue = self._queue_arg
+        for work_class in self.work_classes:
+            self.queue.declare(work_class)
+        connect = self._heartbeat_store or self._default_heartbeat_store()
+        self._controller = HeartbeatController(
+            connect, events=self.events, metrics=self.metrics, worker_id=self.worker_id
+        )
+        await asyncio.to_thread(self._controller.start, timeout=self.store_timeout)
+        self._session = aiohttp.ClientSession()
+        self.events.emit(
+            "worker_started", worker=self.worker_id, kinds=self.kinds, concurrency=self.concurrency
+        )
+
+    def _default_heartbeat_store(self) -> Callable[[], Awaitable[RenewingStore]]:
+        from fencegate.lease.queue import LeaseQueue
+
+        url = self._queue_arg if isinstance(self._queue_arg, str) else None
+        url = url or getattr(self._queue_arg, "url", None)
+        if not url:
+            raise ValueError(
+                "the heartbeat needs its own connection: pass the queue URL, or heartbeat_store="
+            )
+        timeout = self.store_timeout
+
+        async def connect() -> RenewingStore:
+            return await LeaseQueue.connect(str(url), timeout=timeout)
+
+        return connect
+
+    async def _shutdown(self) -> None:
+        running = dict(self._running)
+        if running:
+            _, pending = await asyncio.wait(running, timeout=self.grace_seconds)
+            for task in pending:
+                execution = running[task]
+                self._shutting_down.add(execution)
+                tool_task = self._tool_tasks.get(execution)
+                if tool_task is not None:
+                    tool_task.cancel()
+            if pending:
+                await asyncio.wait(pending, timeout=self.store_timeout * 2)
+        if self._controller is not None:
+            await asyncio.to_thread(self._controller.stop, timeout=self.store_timeout)
+        if self._session is not None:
+            await self._session.close()
+        if self._owns_queue and self.queue is not None:
+            with contextlib.suppress(Exception):
+                await self.queue.close()
+        self.events.emit("worker_stopped", worker=self.worker_id)
+
+    # -- claiming -------------------------------------------------------------------------
+    async def _claim_loop(self, *, until_idle: bool) -> None:
+        assert self.queue is not None and self._stopping is not None
+        stop_wait = asyncio.ensure_future(self._stopping.wait())
+        try:
+            while not self._stopping.is_set():
+                free = self.concurrency - len(self._running)
+                claimed: list[Lease] = []
+                if free > 0:
+                    sent_at = time.monotonic()
+                    try:
+                        claimed = await self.queue.claim(
+                            self.worker_id, kinds=self.kinds, limit=free, timeout=self.store_timeout
+                        )
+                    except StoreUnavailable:
+                        await asyncio.wait({stop_wait}, timeout=self.poll_seconds)
+                        continue
+                    for lease in claimed:
+                        self._launch(lease, sent_at)
+                if claimed and len(self._running) < self.concurrency:
+                    continue  # there may be more ready work right now
+                if until_idle and not claimed and not self._running:
+                    return
+                waiters: set[asyncio.Future[Any]] = {stop_wait, *self._running}
+                listener: asyncio.Task[Any] | None = None
+                if len(self._running) < self.concurrency:
+                    listener = asyncio.ensure_future(self._wait_for_work())
+                    waiters.add(listener)
+                await asyncio.wait(
+                    waiters, timeout=self.poll_seconds, return_when=asyncio.FIRST_COMPLETED
+                )
+                if listener is not None and not listener.done():
+                    listener.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await listener
+        finally:
+            stop_wait.cancel()
+
+    async def _wait_for_work(self) -> None:
+        assert self.queue is not None
+        with contextlib.suppress(TimeoutError, StoreUnavailable):
+            await self.queue.wait_for_work(self.kinds, timeout=self.poll_seconds)
+
+    def _launch(self, lease: Lease, sent_at: float) -> None:
+        execution = Execution(lease, confirmed_at=sent_at)
+        task = asyncio.ensure_future(self._execute(execution))
+        self._running[task] = execution
+        task.add_done_callback(self._running.pop)
+
+    # -- one execution --------------------------------------------------------------------
+    def margin_for(self, lease: Lease) -> float:
+        """How much confirmed lease must remain to start a new external action."""
+        if self.ownership_margin_seconds is not None:
+            return self.ownership_margin_seconds
+        return min(float(lease.heartbeat_seconds), float(lease.lease_seconds) / 4)
+
+    async def _execute(self, execution: Execution) -> None:
+        assert self.queue is not None and self._controller is not None
+        lease = execution.lease
+        kind = lease.kind
+        margin = self.margin_for(lease)
+        job = JobContext(
+            execution,
+            queue=self.queue,
+            events=self.events,
+            worker_id=self.worker_id,
+            ownership_margin=margin,
+            signer=self.signer,
+            session=self._http_session,
+            store_timeout=self.store_timeout,
+            http_timeout=self.http_timeout,
+        )
+        job.emit(
+            "job_claimed",
+            attempt=lease.attempt,
+            max_attempts=lease.max_attempts,
+            lease_until=lease.lease_until,
+            idempotency_key=lease.idempotency_key,
+            payload_sha256=digest(lease.payload),
+        )
+        if lease.attempt > 1:
+            self.metrics.reclaimed_jobs.labels(kind).inc()
+        self.metrics.live.add(kind, execution)
+        loop = asyncio.get_running_loop()
+        tool_task = loop.create_task(self.tools[kind](job))
+        self._tool_tasks[execution] = tool_task
+
+        def cancel_from_controller() -> None:
+            with contextlib.suppress(RuntimeError):  # the loop closed: nothing left to stop
+                loop.call_soon_threadsafe(tool_task.cancel)
+
+        self._controller.register(
+            execution, kind=kind, cancel=cancel_from_controller, margin=margin
+        )
+        started = time.monotonic()
+        try:
+            await asyncio.wait({tool_task}, timeout=lease.tool_timeout_seconds)
+            timed_out = not tool_task.done()
+            if timed_out:
+                tool_task.cancel()
+                await asyncio.wait({tool_task})
+        finally:
+            self._controller.unregister(execution)
+            self._tool_tasks.pop(execution, None)
+        try:
+            await self._settle(
+                job, tool_task, timed_out=timed_out, duration=time.monotonic() - started
+            )
+        finally:
+            self.metrics.live.remove(execution)
+            self._shutting_down.discard(execution)
+
+    async def _settle(
+        self, job: JobContext, tool_task: asyncio.Task[Any], *, timed_out: bool, duration: float
+    ) -> None:
+        execution = job.execution
+        kind = job.kind
+        duration = round(duration, 3)
+        result: Any = None
+        error: BaseException | None = None
+        if tool_task.cancelled():
+            error = asyncio.CancelledError()
+        else:
+            error = tool_task.exception()
+            if error is None:
+                result = tool_task.result()
+
+        if execution.state is Ownership.LOST or isinstance(error, OwnershipLost):
+            execution.mark_lost(execution.lost_reason or "tool_saw_loss")
+            job.emit(
+                "result_rejected",
+                reason=execution.lost_reason,
+                result_sha256=digest(result) if error is None else None,
+                error=type(error).__name__ if error is not None else None,
+                duration_seconds=duration,
+            )
+            self.metrics.outcomes.labels(kind, "rejected").inc()
+            return
+        if timed_out:
+            job.emit(
+                "tool_timeout",
+                timeout_seconds=job.lease.tool_timeout_seconds,
+                duration_seconds=duration,
+            )
+            await self._fail(job, TimeoutError("tool timeout"), code="tool_timeout")
+            return
+        if isinstance(error, asyncio.CancelledError) and execution in self._shutting_down:
+            released = await self._conditional(
+                execution, lambda t: self._q().release(execution.lease, timeout=t)
+            )
+            job.emit("job_released", released=bool(released), duration_seconds=duration)
+            self.metrics.outcomes.labels(kind, "released").inc()
+            return
+        if error is None:
+            await self._complete(job, result, duration)
+            return
+        if isinstance(error, PermanentError):
+            await self._fail(job, error, code="permanent", permanent=True)
+            return
+        job.emit(
+            "tool_failed",
+            error=type(error).__name__,
+            detail=str(error)[:200] or None,
+            duration_seconds=duration,
+            ownership_unknown=isinstance(error, OwnershipUnknown) or None,
+        )
+        await self._fail(job, error, code=type(error).__name__)
+
+    def _q(self) -> LeaseQueue:
+        assert self.queue is not None
+        return self.queue
+
+    async def _complete(self, job: JobContext, result: Any, duration: float) -> None:
+        execution = job.execution
+        committed = await self._conditional(
+            execution, lambda t: self._q().complete(execution.lease, result, timeout=t)
+        )
+        if committed:
+            job.emit("result_committed", result_sha256=digest(result), duration_seconds=duration)
+            self.metrics.outcomes.labels(job.kind, "succeeded").inc()
+            return
+        job.emit(
+            "result_rejected",
+            reason="ownership_unknown" if committed is None else "zero_rows",
+            result_sha256=digest(result),
+            duration_seconds=duration,
+        )
+        self.metrics.outcomes.labels(job.kind, "rejected").inc()
+
+    async def _fail(
+        self, job: JobContext, error: BaseException, *, code: str, permanent: bool = False
+    ) -> None:
+        execution = job.execution
+        record = error_record(error)
+        accepted = await self._conditional(
+            execution,
+            lambda t: self._q().fail(execution.lease, record, permanent=permanent, timeout=t),
+        )
+        if not accepted:
+            job.emit(
+                "result_rejected",
+                reason="ownership_unknown" if accepted is None else "zero_rows",
+                error=code,
+            )
+            self.metrics.outcomes.labels(job.kind, "rejected").inc()
+            return
+        state, run_after = "failed", None
+        with contextlib.suppress(Exception):
+            current = await self._q().get(job.id, timeout=self.store_timeout)
+            state, run_after = current.state, current.run_after
+        if state == "failed":
+            job.emit(
+                "job_failed",
+                error=code,
+                permanent=permanent or None,
+                attempt=job.attempt,
+                max_attempts=job.lease.max_attempts,
+            )
+            self.metrics.outcomes.labels(job.kind, "failed").inc()
+        else:
+            job.emit("retry_scheduled", error=code, attempt=job.attempt, run_after=run_after)
+            self.metrics.outcomes.labels(job.kind, "retry").inc()
+
+    async def _conditional(
+        self, execution: Execution, call: Callable[[float], Awaitable[bool]]
+    ) -> bool | None:
+        """Run a conditional write (complete/fail/release). True/False as the store answers;
+        None when the store could not be reached before the lease ran out locally."""
+        tries = 0
+        while True:
+            tries += 1
+            timeout = max(0.25, min(self.store_timeout, execution.remaining()))
+            try:
+                accepted = await call(timeout)
+            except (StoreUnavailable, TimeoutError):
+                if execution.remaining() <= 0:
+                    execution.mark_lost("ownership_unknown_past_lease")
+                    return None
+                await asyncio.sleep(min(0.5, max(0.05, execution.remaining() / 4)))
+                continue
+            if accepted or tries == 1:
+                return bool(accepted)
+            # An earlier try may have landed although its answer was lost.
+            return await self._landed(execution)
+
+    async def _landed(self, execution: Execution) -> bool:
+        with contextlib.suppress(Exception):
+            job = await self._q().get(execution.job_id, timeout=self.store_timeout)
+            return bool(
+                job.fencing_token == execution.fencing_token
+                and job.state != "running"
+                and job.owner_id in (None, execution.lease.owner_id)
+            )
+        return False
+
+    def _http_session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            raise RuntimeError("the worker is not running")
+        return self._session
+
+
+def run_worker(worker: Worker) -> None:
+    """Run a worker until SIGTERM or SIGINT, then shut it down gracefully."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, worker.stop)
+        try:
+            await worker.run()
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+
+    asyncio.run(main())
