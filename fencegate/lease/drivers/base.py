@@ -1,0 +1,64 @@
+"""What the lease queue needs from a store."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any, Protocol
+
+from fencegate.lease.models import Attempt, Job, JobState, Lease, NewJob, StageRecord
+
+
+class Driver(Protocol):
+    async def close(self) -> None: ...
+
+    async def migrate(self, *, timeout: float) -> list[str]: ...
+
+    async def now(self, *, timeout: float) -> datetime: ...
+
+    async def enqueue(self, jobs: Sequence[NewJob], *, timeout: float) -> list[int]:
+        """Insert jobs; a job whose idempotency key exists already yields the existing id."""
+        ...
+
+    async def claim(
+        self, owner_id: str, kinds: Sequence[str] | None, limit: int, *, timeout: float
+    ) -> list[Lease]: ...
+
+    async def extend(self, lease: Lease, *, timeout: float) -> datetime | None:
+        """The new lease_until, or None when the lease is no longer held."""
+        ...
+
+    async def complete_many(
+        self, items: Sequence[tuple[Lease, Any]], *, timeout: float
+    ) -> list[bool]: ...
+
+    async def fail(
+        self, lease: Lease, error: Any, *, retry_in: float | None, timeout: float
+    ) -> JobState | None:
+        """End the attempt: retry after ``retry_in`` seconds while attempts remain, else
+        (or when ``retry_in`` is None) fail the job. The job's new state, None if rejected."""
+        ...
+
+    async def release(self, lease: Lease, *, timeout: float) -> bool: ...
+
+    async def cancel(self, job_id: int, reason: Any, *, timeout: float) -> bool | None:
+        """True when cancelled, False when already finished, None when there is no such job."""
+        ...
+
+    async def get(self, job_id: int, *, timeout: float) -> Job | None: ...
+
+    async def list_jobs(
+        self, *, state: JobState | None, kind: str | None, limit: int, timeout: float
+    ) -> list[Job]: ...
+
+    async def attempts(self, job_id: int, *, timeout: float) -> list[Attempt]: ...
+
+    async def stage_result(
+        self, job_id: int, name: str, *, timeout: float
+    ) -> StageRecord | None: ...
+
+    async def commit_stage(
+        self, lease: Lease, name: str, idempotency_key: str, result: Any, *, timeout: float
+    ) -> bool: ...
+
+    async def wait_for_work(self, kinds: Sequence[str] | None, *, timeout: float) -> bool: ...

@@ -1,0 +1,371 @@
+"""`LeaseQueue`: the one place that knows the lease queue's rules.
+
+It resolves each job's policy (per-call values over the work class over the defaults) and
+refuses intervals that break ``lease > R * heartbeat + jitter``; decides between retry and
+failure; and hands each operation to the store's driver, which runs it as one transaction on
+the database clock. Every call that waits takes ``timeout=`` and raises `StoreUnavailable`
+rather than wait past it.
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from datetime import datetime
+from typing import Any
+
+from fencegate.dburl import parse_database_url
+from fencegate.lease.drivers.base import Driver
+from fencegate.lease.errors import JobNotFound, UnknownWorkClass
+from fencegate.lease.models import (
+    JOB_STATES,
+    Attempt,
+    Job,
+    JobState,
+    Lease,
+    NewJob,
+    StageRecord,
+)
+from fencegate.lease.policy import WorkClass, backoff_seconds, check_intervals
+
+DEFAULT_TIMEOUT = 10.0
+
+
+class LeaseQueue:
+    """A durable job table with leases, heartbeats, fencing tokens and stages.
+
+    Create one with `LeaseQueue.connect(url)`; share it between the tasks of a process.
+    """
+
+    def __init__(self, driver: Driver, *, rng: random.Random | None = None) -> None:
+        self._driver = driver
+        self._classes: dict[str, WorkClass] = {}
+        self._rng = rng or random.Random()
+
+    @classmethod
+    async def connect(
+        cls,
+        url: str | None,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        pool_min_size: int = 1,
+        pool_max_size: int = 10,
+    ) -> LeaseQueue:
+        """Open the store a URL names: ``postgresql://…`` or ``sqlite:///path.db``.
+
+        The pool sizes apply to PostgreSQL; a SQLite store uses one connection.
+        """
+        target = parse_database_url(url)
+        driver: Driver
+        if target.kind == "postgresql":
+            from fencegate.lease.drivers.postgres import PostgresDriver
+
+            driver = await PostgresDriver.connect(
+                target.url, timeout=timeout, min_size=pool_min_size, max_size=pool_max_size
+            )
+        else:
+            from fencegate.lease.drivers.sqlite import SQLiteDriver
+
+            assert target.sqlite_path is not None
+            driver = await SQLiteDriver.connect(target.sqlite_path, timeout=timeout)
+        return cls(driver)
+
+    async def close(self) -> None:
+        await self._driver.close()
+
+    async def __aenter__(self) -> LeaseQueue:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def migrate(self, *, timeout: float = 60.0) -> list[str]:
+        """Apply pending SQL migrations; returns the names applied."""
+        return await self._driver.migrate(timeout=timeout)
+
+    # -- work classes ---------------------------------------------------------------------
+
+    def declare(self, work_class: WorkClass) -> WorkClass:
+        """Register the policy of one kind of job (checked when the WorkClass was built)."""
+        self._classes[work_class.kind] = work_class
+        return work_class
+
+    def work_class(self, kind: str) -> WorkClass:
+        """The declared policy of a kind; `UnknownWorkClass` if it was never declared."""
+        try:
+            return self._classes[kind]
+        except KeyError:
+            raise UnknownWorkClass(
+                f"work class {kind!r} was not declared on this queue "
+                f"(declared: {sorted(self._classes) or 'none'})"
+            ) from None
+
+    def _policy(self, kind: str) -> WorkClass:
+        # A kind nobody declared runs with the documented defaults.
+        return self._classes.get(kind) or WorkClass(kind=kind)
+
+    # -- producing work -------------------------------------------------------------------
+
+    def new_job(
+        self,
+        kind: str,
+        payload: Any = None,
+        *,
+        idempotency_key: str | None = None,
+        max_attempts: int | None = None,
+        lease_seconds: float | None = None,
+        heartbeat_seconds: float | None = None,
+        jitter_seconds: float | None = None,
+        stage_timeout_seconds: float | None = None,
+        tool_timeout_seconds: float | None = None,
+        run_after: float | None = None,
+    ) -> NewJob:
+        """Resolve and check one job's policy without storing it (see `enqueue`)."""
+        policy = self._policy(kind)
+        lease = policy.lease_seconds if lease_seconds is None else lease_seconds
+        heartbeat = policy.heartbeat_seconds if heartbeat_seconds is None else heartbeat_seconds
+        jitter = policy.jitter_seconds if jitter_seconds is None else jitter_seconds
+        check_intervals(
+            lease_seconds=lease,
+            heartbeat_seconds=heartbeat,
+            tolerated_misses=policy.tolerated_misses,
+            jitter_seconds=jitter,
+        )
+        attempts = policy.max_attempts if max_attempts is None else max_attempts
+        if attempts < 1:
+            raise ValueError(f"max_attempts {attempts} must be at least 1")
+        if run_after is not None and run_after < 0:
+            raise ValueError(f"run_after {run_after:g}s must not be negative")
+        if idempotency_key is not None and not idempotency_key:
+            raise ValueError("idempotency_key must not be empty")
+        return NewJob(
+            kind=kind,
+            payload=payload,
+            # Without a key from the caller the job is its own operation: a fresh key.
+            idempotency_key=idempotency_key or f"{kind}:{uuid.uuid4()}",
+            max_attempts=attempts,
+            lease_seconds=float(lease),
+            heartbeat_seconds=float(heartbeat),
+            jitter_seconds=float(jitter),
+            stage_timeout_seconds=(
+                policy.stage_timeout_seconds
+                if stage_timeout_seconds is None
+                else stage_timeout_seconds
+            ),
+            tool_timeout_seconds=(
+                policy.tool_timeout_seconds
+                if tool_timeout_seconds is None
+                else tool_timeout_seconds
+            ),
+            run_after_seconds=float(run_after or 0.0),
+        )
+
+    async def enqueue(
+        self,
+        kind: str,
+        payload: Any = None,
+        *,
+        idempotency_key: str | None = None,
+        max_attempts: int | None = None,
+        lease_seconds: float | None = None,
+        heartbeat_seconds: float | None = None,
+        jitter_seconds: float | None = None,
+        stage_timeout_seconds: float | None = None,
+        tool_timeout_seconds: float | None = None,
+        run_after: float | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+    ) -> int:
+        """Store one job; returns its id. The same idempotency key again returns the same id
+        and stores nothing. ``run_after`` delays the job by that many seconds."""
+        job = self.new_job(
+            kind,
+            payload,
+            idempotency_key=idempotency_key,
+            max_attempts=max_attempts,
+            lease_seconds=lease_seconds,
+            heartbeat_seconds=heartbeat_seconds,
+            jitter_seconds=jitter_seconds,
+            stage_timeout_seconds=stage_timeout_seconds,
+            tool_timeout_seconds=tool_timeout_seconds,
+            run_after=run_after,
+        )
+        [job_id] = await self._driver.enqueue([job], timeout=timeout)
+        return job_id
+
+    async def enqueue_many(
+        self,
+        jobs: Sequence[NewJob | Mapping[str, Any]],
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+    ) -> list[int]:
+        """Store many jobs in one statement; ids in the order given.
+
+        Each item is a `NewJob` (from `new_job`) or a mapping of `enqueue`'s arguments,
+        e.g. ``{"kind": "create_case", "payload": {...}, "idempotency_key": "..."}``.
+        """
+        resolved = [job if isinstance(job, NewJob) else self.new_job(**job) for job in jobs]
+        if not resolved:
+            return []
+        return await self._driver.enqueue(resolved, timeout=timeout)
+
+    # -- working --------------------------------------------------------------------------
+
+    async def claim(
+        self,
+        owner_id: str,
+        *,
+        kinds: Sequence[str] | None = None,
+        limit: int = 1,
+        timeout: float = DEFAULT_TIMEOUT,
+    ) -> list[Lease]:
+        """Lease up to ``limit`` ready jobs (queued and due, or running with an expired
+        lease) to ``owner_id``. ``kinds=None`` takes any kind."""
+        if not owner_id:
+            raise ValueError("owner_id must not be empty")
+        if limit < 1:
+            raise ValueError(f"limit {limit} must be at least 1")
+        if kinds is not None and not kinds:
+            return []
+        return await self._driver.claim(owner_id, kinds, limit, timeout=timeout)
+
+    async def extend(self, lease: Lease, *, timeout: float = DEFAULT_TIMEOUT) -> Lease | None:
+        """Renew a lease for its own duration from now. None means the lease is lost (expired,
+        taken over, cancelled or finished): stop, and commit nothing."""
+        lease_until = await self._driver.extend(lease, timeout=timeout)
+        if lease_until is None:
+            return None
+        return replace(lease, lease_until=lease_until)
+
+    async def complete(
+        self, lease: Lease, result: Any = None, *, timeout: float = DEFAULT_TIMEOUT
+    ) -> bool:
+        """Store the result and mark the job succeeded, only while the lease is held.
+        False means rejected: the result was not stored."""
+        [done] = await self._driver.complete_many([(lease, result)], timeout=timeout)
+        return done
+
+    async def complete_many(
+        self, items: Sequence[tuple[Lease, Any]], *, timeout: float = DEFAULT_TIMEOUT
+    ) -> list[bool]:
+        """`complete` for many leases in one transaction; one answer per item."""
+        if not items:
+            return []
+        return await self._driver.complete_many(items, timeout=timeout)
+
+    async def fail(
+        self,
+        lease: Lease,
+        error: Any,
+        *,
+        retry_in: float | None = None,
+        permanent: bool = False,
+        timeout: float = DEFAULT_TIMEOUT,
+    ) -> bool:
+        """End this attempt with an error, only while the lease is held.
+
+        The job is retried after ``retry_in`` seconds, or after a capped exponential backoff
+        with jitter from its work class, unless ``permanent`` or its attempts are used up:
+        then it is `failed` with this error. False means rejected.
+        """
+        if retry_in is not None and retry_in < 0:
+            raise ValueError(f"retry_in {retry_in:g}s must not be negative")
+        delay: float | None
+        if permanent:
+            delay = None
+        elif retry_in is not None:
+            delay = float(retry_in)
+        else:
+            policy = self._policy(lease.kind)
+            delay = backoff_seconds(
+                lease.attempt,
+                base=policy.backoff_base_seconds,
+                cap=policy.backoff_max_seconds,
+                rng=self._rng,
+            )
+        state = await self._driver.fail(lease, error, retry_in=delay, timeout=timeout)
+        return state is not None
+
+    async def release(self, lease: Lease, *, timeout: float = DEFAULT_TIMEOUT) -> bool:
+        """Give unfinished work back (graceful shutdown): queued again at once, and this
+        attempt does not count against ``max_attempts``. False if the lease was not held."""
+        return await self._driver.release(lease, timeout=timeout)
+
+    async def cancel(
+        self, job_id: int, *, reason: Any = "cancelled", timeout: float = DEFAULT_TIMEOUT
+    ) -> bool:
+        """Cancel a queued or running job (a running owner's lease becomes void). False when
+        the job had already finished; `JobNotFound` when there is no such job."""
+        cancelled = await self._driver.cancel(job_id, reason, timeout=timeout)
+        if cancelled is None:
+            raise JobNotFound(f"no job with id {job_id}")
+        return cancelled
+
+    # -- reading --------------------------------------------------------------------------
+
+    async def get(self, job_id: int, *, timeout: float = DEFAULT_TIMEOUT) -> Job:
+        job = await self._driver.get(job_id, timeout=timeout)
+        if job is None:
+            raise JobNotFound(f"no job with id {job_id}")
+        return job
+
+    async def list_jobs(
+        self,
+        *,
+        state: JobState | None = None,
+        kind: str | None = None,
+        limit: int = 100,
+        timeout: float = DEFAULT_TIMEOUT,
+    ) -> list[Job]:
+        """Newest first."""
+        if state is not None and state not in JOB_STATES:
+            raise ValueError(f"unknown job state {state!r}; one of {', '.join(JOB_STATES)}")
+        return await self._driver.list_jobs(state=state, kind=kind, limit=limit, timeout=timeout)
+
+    async def attempts(self, job_id: int, *, timeout: float = DEFAULT_TIMEOUT) -> list[Attempt]:
+        """Every lease ever granted on a job, oldest first."""
+        return await self._driver.attempts(job_id, timeout=timeout)
+
+    async def now(self, *, timeout: float = DEFAULT_TIMEOUT) -> datetime:
+        """The database clock, the only clock the queue compares times with."""
+        return await self._driver.now(timeout=timeout)
+
+    # -- stages ---------------------------------------------------------------------------
+
+    @staticmethod
+    def stage_key(lease: Lease, name: str) -> str:
+        """The idempotency key of one stage of a job."""
+        return f"{lease.idempotency_key}:{name}"
+
+    async def stage_result(
+        self, lease: Lease, name: str, *, timeout: float = DEFAULT_TIMEOUT
+    ) -> StageRecord | None:
+        """The stage's committed result (by any attempt), or None if not committed yet."""
+        return await self._driver.stage_result(lease.job_id, name, timeout=timeout)
+
+    async def commit_stage(
+        self, lease: Lease, name: str, result: Any, *, timeout: float = DEFAULT_TIMEOUT
+    ) -> bool:
+        """Record a stage's result, only while the lease is held. True when the stage is now
+        recorded under this lease; False when the lease is not held or an earlier attempt
+        had already committed the stage (read it with `stage_result`)."""
+        if not name:
+            raise ValueError("a stage needs a name")
+        return await self._driver.commit_stage(
+            lease, name, self.stage_key(lease, name), result, timeout=timeout
+        )
+
+    # -- waking up ------------------------------------------------------------------------
+
+    async def wait_for_work(
+        self, kinds: Sequence[str] | None = None, *, timeout: float = DEFAULT_TIMEOUT
+    ) -> bool:
+        """Wait until work of these kinds may be ready, or ``timeout`` passes.
+
+        True: try `claim` now (PostgreSQL: a notification arrived since the last claim of
+        these kinds; SQLite: a short poll found ready work). False: the timeout passed; a
+        job delayed by ``run_after`` or an expired lease is found by the next claim anyway.
+        Never raises `StoreUnavailable`: an unreachable store just means no news.
+        """
+        return await self._driver.wait_for_work(kinds, timeout=timeout)

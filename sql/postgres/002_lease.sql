@@ -1,0 +1,90 @@
+-- The lease queue: jobs, the history of every lease grant, and committed stages.
+
+-- One sequence issues every fencing token, so a later grant always carries a larger token
+-- than any earlier one, for any job.
+CREATE SEQUENCE fencegate_fencing_tokens AS bigint START 1;
+
+CREATE TABLE fencegate_jobs (
+    id                    bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    kind                  text NOT NULL,
+    state                 text NOT NULL DEFAULT 'queued'
+        CHECK (state IN ('queued', 'running', 'succeeded', 'failed', 'cancelled')),
+    owner_id              text,
+    lease_until           timestamptz,
+    fencing_token         bigint,
+    heartbeat_at          timestamptz,
+    attempt               integer NOT NULL DEFAULT 0,
+    max_attempts          integer NOT NULL CHECK (max_attempts >= 1),
+    run_after             timestamptz NOT NULL DEFAULT now(),
+    idempotency_key       text NOT NULL UNIQUE,
+    payload               jsonb NOT NULL DEFAULT 'null',
+    result                jsonb,
+    error                 jsonb,
+    lease_seconds         double precision NOT NULL CHECK (lease_seconds > 0),
+    heartbeat_seconds     double precision NOT NULL CHECK (heartbeat_seconds > 0),
+    jitter_seconds        double precision NOT NULL CHECK (jitter_seconds >= 0),
+    stage_timeout_seconds double precision,
+    tool_timeout_seconds  double precision,
+    created_at            timestamptz NOT NULL DEFAULT now(),
+    updated_at            timestamptz NOT NULL DEFAULT now(),
+    CHECK (state <> 'running' OR (owner_id IS NOT NULL AND lease_until IS NOT NULL
+                                  AND fencing_token IS NOT NULL))
+);
+
+-- Claim looks for queued work by kind in id order, and for running work whose lease ran out.
+CREATE INDEX fencegate_jobs_queued ON fencegate_jobs (kind, id) WHERE state = 'queued';
+CREATE INDEX fencegate_jobs_running ON fencegate_jobs (lease_until) WHERE state = 'running';
+CREATE INDEX fencegate_jobs_state_kind ON fencegate_jobs (state, kind, id);
+
+CREATE TABLE fencegate_job_attempts (
+    fencing_token bigint PRIMARY KEY,
+    job_id        bigint NOT NULL REFERENCES fencegate_jobs (id) ON DELETE CASCADE,
+    attempt       integer NOT NULL,
+    owner_id      text NOT NULL,
+    claimed_at    timestamptz NOT NULL DEFAULT now(),
+    ended_at      timestamptz,
+    outcome       text CHECK (outcome IN ('succeeded', 'failed', 'retry_scheduled', 'released',
+                                          'cancelled', 'lease_expired')),
+    error         jsonb,
+    CHECK ((ended_at IS NULL) = (outcome IS NULL))
+);
+CREATE INDEX fencegate_job_attempts_job ON fencegate_job_attempts (job_id, fencing_token);
+
+CREATE TABLE fencegate_job_stages (
+    job_id          bigint NOT NULL REFERENCES fencegate_jobs (id) ON DELETE CASCADE,
+    name            text NOT NULL,
+    idempotency_key text NOT NULL,
+    result          jsonb,
+    fencing_token   bigint NOT NULL,
+    committed_at    timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (job_id, name)
+);
+
+-- Workers LISTEN on fencegate_jobs and wake as soon as work of their kind is queued; the
+-- notification is sent on commit of the transaction that queued it, never before.
+CREATE FUNCTION fencegate_notify_inserted() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('fencegate_jobs', k.kind)
+    FROM (SELECT DISTINCT kind FROM fencegate_new_jobs WHERE state = 'queued') AS k;
+    RETURN NULL;
+END;
+$$;
+
+CREATE TRIGGER fencegate_jobs_notify_insert
+    AFTER INSERT ON fencegate_jobs
+    REFERENCING NEW TABLE AS fencegate_new_jobs
+    FOR EACH STATEMENT EXECUTE FUNCTION fencegate_notify_inserted();
+
+CREATE FUNCTION fencegate_notify_requeued() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('fencegate_jobs', NEW.kind);
+    RETURN NULL;
+END;
+$$;
+
+-- Released work (and a retry due now) is ready again at once.
+CREATE TRIGGER fencegate_jobs_notify_requeue
+    AFTER UPDATE OF state ON fencegate_jobs
+    FOR EACH ROW
+    WHEN (NEW.state = 'queued' AND OLD.state <> 'queued' AND NEW.run_after <= now())
+    EXECUTE FUNCTION fencegate_notify_requeued();
