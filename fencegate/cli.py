@@ -29,7 +29,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name, (module_name, help_text) in SUBCOMMANDS.items():
-        module = importlib.import_module(module_name)
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name != module_name:
+                raise
+            continue  # a subcommand not shipped in this build: the others still work
         command_parser = sub.add_parser(name, help=help_text, description=help_text)
         module.add_arguments(command_parser)
         command_parser.set_defaults(_run=module.run)

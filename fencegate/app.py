@@ -1,0 +1,146 @@
+"""Builds the gateway ASGI application from its configuration: the store, the engine, the
+reverse proxy, the authenticator and the periodic purge, all started at lifespan."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from pathlib import Path
+from typing import Any
+
+from fencegate.config import GatewayConfig
+from fencegate.engine import Engine
+from fencegate.gate import Gate
+from fencegate.metrics import GatewayMetrics
+from fencegate.proxy import ReverseProxy, UpstreamClient
+from fencegate.routes import RouteTable
+from fencegate.store import GatewayStore, StoreUnavailable, open_gateway_store
+from fencegate.types import Authenticator, Receive, Scope, Send
+
+logger = logging.getLogger("fencegate.gateway")
+
+
+def load_authenticator(
+    spec: str | dict[str, Any] | None, *, base_dir: Path | None = None
+) -> Authenticator | None:
+    """Step 1 is provided by `fencegate.signatures`, imported only when keys are
+    configured, so a gateway without signatures never loads it."""
+    if not spec:
+        logger.info(
+            "no keys configured: the gateway runs single-tenant without signatures "
+            "(every key and fence belongs to tenant 'default')"
+        )
+        return None
+    from fencegate import signatures
+
+    return signatures.load_authenticator(spec, base_dir=base_dir)
+
+
+class GatewayApplication:
+    """The ASGI app `fencegate serve` runs. Everything is opened at lifespan start-up."""
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        *,
+        authenticator: Authenticator | None = None,
+        authenticator_loaded: bool = False,
+    ) -> None:
+        """``authenticator_loaded`` says the keys were already read (``authenticator`` may
+        then be None: single tenant); otherwise they are read at start-up."""
+        self.config = config
+        self._authenticator = authenticator
+        self._authenticator_loaded = authenticator_loaded or authenticator is not None
+        self.metrics = GatewayMetrics()
+        self.store: GatewayStore | None = None
+        self.proxy: ReverseProxy | None = None
+        self._client: UpstreamClient | None = None
+        self._purger: asyncio.Task[None] | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if self.proxy is None:
+            raise RuntimeError("the gateway was not started: run it under a lifespan server")
+        await self.proxy(scope, receive, send)
+
+    async def startup(self) -> None:
+        settings = self.config.settings
+        authenticator = self._authenticator
+        if not self._authenticator_loaded:
+            authenticator = load_authenticator(
+                self.config.authenticator_spec(), base_dir=self.config.base_dir()
+            )
+        self.store = await open_gateway_store(
+            settings.database_url,
+            run_migrations=settings.migrate,
+            pool_max_size=settings.store_pool_size,
+        )
+        engine = Engine(
+            self.store,
+            lease_seconds=settings.inflight_lease_seconds,
+            store_timeout=settings.store_timeout,
+            metrics=self.metrics,
+        )
+        routes = RouteTable(self.config.policies(), default=self.config.default_policy())
+        gate = Gate(engine=engine, routes=routes, authenticator=authenticator)
+        self._client = UpstreamClient()
+        await self._client.start()
+        self.proxy = ReverseProxy(
+            gate=gate,
+            client=self._client,
+            store=self.store,
+            metrics=self.metrics,
+            store_timeout=settings.store_timeout,
+        )
+        if settings.purge_interval_seconds > 0:
+            self._purger = asyncio.create_task(self._purge_forever())
+
+    async def shutdown(self) -> None:
+        if self._purger is not None:
+            self._purger.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._purger
+        if self._client is not None:
+            await self._client.close()
+        if self.store is not None:
+            await self.store.close()
+
+    async def _purge_forever(self) -> None:
+        settings = self.config.settings
+        assert self.store is not None
+        while True:
+            await asyncio.sleep(settings.purge_interval_seconds)
+            try:
+                counts = await self.store.purge(
+                    fence_ttl_seconds=settings.fence_ttl_seconds,
+                    timeout=max(settings.store_timeout, 30.0),
+                )
+            except StoreUnavailable as exc:
+                logger.warning("periodic purge skipped: %s", exc)
+                continue
+            if counts.keys or counts.fences or counts.nonces:
+                logger.info(
+                    "purged %d keys, %d fences, %d nonces",
+                    counts.keys,
+                    counts.fences,
+                    counts.nonces,
+                )
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    await self.startup()
+                except Exception as exc:
+                    logger.error("gateway start-up failed: %s", exc)
+                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.shutdown()
+                await send({"type": "lifespan.shutdown.complete"})
+                return

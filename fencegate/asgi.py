@@ -1,0 +1,78 @@
+"""The little ASGI plumbing the gateway needs, without a framework on the hot path."""
+
+from __future__ import annotations
+
+from fencegate.engine import GatewayResponse, body_too_large
+from fencegate.types import IncomingRequest, Receive, Scope, Send
+
+
+class ClientDisconnected(Exception):
+    """The client went away before its request body arrived."""
+
+
+async def read_body(scope: Scope, receive: Receive, *, limit: int) -> bytes:
+    """The whole request body; 413 as soon as it is known to exceed ``limit`` (from
+    Content-Length, or while reading), without reading the rest."""
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            try:
+                declared = int(value)
+            except ValueError:
+                declared = -1
+            if declared > limit:
+                raise body_too_large(limit)
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnected
+        chunk = message.get("body", b"")
+        if chunk:
+            size += len(chunk)
+            if size > limit:
+                raise body_too_large(limit)
+            chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    if len(chunks) == 1:
+        return chunks[0]
+    return b"".join(chunks)
+
+
+def incoming_request(scope: Scope, body: bytes) -> IncomingRequest:
+    authority = ""
+    headers: list[tuple[str, str]] = []
+    for name, value in scope["headers"]:
+        key = name.decode("latin-1").lower()
+        text = value.decode("latin-1")
+        if key == "host" and not authority:
+            authority = text
+        headers.append((key, text))
+    if not authority and scope.get("server"):
+        host, port = scope["server"]
+        authority = f"{host}:{port}" if port else str(host)
+    return IncomingRequest(
+        method=scope["method"],
+        scheme=scope.get("scheme", "http"),
+        authority=authority,
+        path=scope["path"],
+        query_string=scope.get("query_string", b"").decode("latin-1"),
+        headers=tuple(headers),
+        body=body,
+    )
+
+
+_FRAMING = frozenset({"content-length", "transfer-encoding", "connection", "keep-alive"})
+
+
+async def send_response(send: Send, response: GatewayResponse) -> None:
+    # The body is whole, so its length is known: framing headers are always recomputed.
+    headers = [
+        (k.lower().encode("latin-1"), v.encode("latin-1"))
+        for k, v in response.headers
+        if k.lower() not in _FRAMING
+    ]
+    headers.append((b"content-length", str(len(response.body)).encode()))
+    await send({"type": "http.response.start", "status": response.status, "headers": headers})
+    await send({"type": "http.response.body", "body": response.body})

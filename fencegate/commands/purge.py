@@ -1,0 +1,66 @@
+"""`fencegate purge`: delete expired idempotency keys, idle fences and expired signature
+nonces, in batches. The gateway also does this on its own every purge interval."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+
+from fencegate.cli import CommandError
+from fencegate.config import DAY
+from fencegate.store import PurgeCounts, StoreUnavailable, open_gateway_store
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--database-url",
+        default=os.environ.get("FENCEGATE_DATABASE_URL"),
+        help="postgresql://… or sqlite:///path.db (default: sqlite:///fencegate.db; "
+        "env FENCEGATE_DATABASE_URL)",
+    )
+    parser.add_argument(
+        "--fence-ttl-seconds",
+        type=float,
+        default=float(os.environ.get("FENCEGATE_FENCE_TTL_SECONDS", 30 * DAY)),
+        help="delete fences not updated for this long (default 30 days; "
+        "env FENCEGATE_FENCE_TTL_SECONDS)",
+    )
+    parser.add_argument(
+        "--batch-size", type=int, default=1000, help="rows deleted per statement (default 1000)"
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=60.0, help="seconds allowed per batch (default 60)"
+    )
+
+
+async def purge(
+    url: str | None, *, fence_ttl_seconds: float, batch_size: int, timeout: float
+) -> PurgeCounts:
+    store = await open_gateway_store(url, run_migrations=False, pool_max_size=1, timeout=timeout)
+    try:
+        return await store.purge(
+            fence_ttl_seconds=fence_ttl_seconds, batch_size=batch_size, timeout=timeout
+        )
+    finally:
+        await store.close()
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.batch_size < 1:
+        raise CommandError("--batch-size must be at least 1")
+    try:
+        counts = asyncio.run(
+            purge(
+                args.database_url,
+                fence_ttl_seconds=args.fence_ttl_seconds,
+                batch_size=args.batch_size,
+                timeout=args.timeout,
+            )
+        )
+    except (ValueError, OSError, StoreUnavailable) as exc:
+        raise CommandError(str(exc)) from exc
+    except Exception as exc:  # asyncpg / sqlite errors: say what failed, not a traceback
+        raise CommandError(f"{type(exc).__name__}: {exc}") from exc
+    print(f"purged {counts.keys} keys, {counts.fences} fences, {counts.nonces} nonces")
+    return 0

@@ -1,0 +1,134 @@
+"""`fencegate serve`: the gateway in front of an upstream HTTP API, run by uvicorn.
+
+Every option also reads ``FENCEGATE_<OPTION>`` from the environment (command line wins), and
+``--config routes.toml`` may add a ``[gateway]`` table and ``[[routes]]``. The embedded
+SQLite store is migrated on start; a PostgreSQL store only with ``--migrate`` (or
+``fencegate migrate`` beforehand), since its schema is the operator's to change.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from typing import Any
+
+import orjson
+
+from fencegate.cli import CommandError
+from fencegate.config import ConfigError, GatewayConfig, load_config
+from fencegate.types import Authenticator
+
+OVERRIDES_ENV = "FENCEGATE_SERVE_OVERRIDES"
+
+# (option, settings field, type, help)
+_OPTIONS: list[tuple[str, str, type, str]] = [
+    ("--upstream", "upstream", str, "base URL to forward to, e.g. http://127.0.0.1:9000"),
+    ("--host", "host", str, "address to listen on (default 127.0.0.1)"),
+    ("--port", "port", int, "port to listen on (default 8080)"),
+    ("--database-url", "database_url", str, "postgresql://… or sqlite:///path.db"),
+    ("--config", "config", str, "TOML file with a [gateway] table and [[routes]]"),
+    ("--keys", "keys", str, "signature keys for step 1 (see the signatures documentation)"),
+    ("--inflight-lease-seconds", "inflight_lease_seconds", float, "in-flight lease (30)"),
+    ("--key-ttl-seconds", "key_ttl_seconds", float, "how long keys are kept (86400)"),
+    ("--fence-ttl-seconds", "fence_ttl_seconds", float, "idle fences kept (2592000)"),
+    ("--purge-interval-seconds", "purge_interval_seconds", float, "0 for none (300)"),
+    ("--max-body-bytes", "max_body_bytes", int, "largest request body (10485760)"),
+    ("--upstream-timeout", "upstream_timeout", float, "seconds for the upstream (30)"),
+    ("--store-timeout", "store_timeout", float, "seconds for the store, then 503 (2)"),
+    ("--log-level", "log_level", str, "critical, error, warning, info, debug (info)"),
+    ("--workers", "workers", int, "worker processes (1)"),
+]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    for option, dest, kind, help_text in _OPTIONS:
+        env = "FENCEGATE_" + dest.upper()
+        parser.add_argument(
+            option, dest=dest, type=kind, default=None, help=f"{help_text}; env {env}"
+        )
+    parser.add_argument(
+        "--migrate",
+        dest="migrate",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="apply the SQL migrations on start (default: yes for SQLite, no for PostgreSQL); "
+        "env FENCEGATE_MIGRATE",
+    )
+
+
+def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
+    names = [dest for _, dest, _, _ in _OPTIONS] + ["migrate"]
+    return {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
+
+
+def build_config(overrides: dict[str, Any]) -> GatewayConfig:
+    try:
+        config = load_config(overrides)
+    except ConfigError as exc:
+        raise CommandError(str(exc)) from exc
+    if config.settings.upstream is None:
+        raise CommandError("no upstream: give --upstream URL (or FENCEGATE_UPSTREAM)")
+    return config
+
+
+def create_app_from_environment() -> Any:
+    """Factory for worker processes (``--workers N``): each rebuilds the same config."""
+    from fencegate.app import GatewayApplication
+
+    overrides = orjson.loads(os.environ.get(OVERRIDES_ENV, "{}"))
+    config = build_config(overrides)
+    return GatewayApplication(
+        config, authenticator=check_authenticator(config), authenticator_loaded=True
+    )
+
+
+def check_authenticator(config: GatewayConfig) -> Authenticator | None:
+    """Load the signature keys before serving, so a bad key file stops the start with
+    one clear line instead of a failed worker."""
+    from fencegate.app import load_authenticator
+
+    try:
+        return load_authenticator(config.authenticator_spec(), base_dir=config.base_dir())
+    except (ValueError, OSError) as exc:
+        raise CommandError(str(exc)) from exc
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from fencegate.app import GatewayApplication
+
+    overrides = overrides_from(args)
+    config = build_config(overrides)
+    settings = config.settings
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    authenticator = check_authenticator(config)
+    common: dict[str, Any] = {
+        "host": settings.host,
+        "port": settings.port,
+        "loop": "uvloop",
+        "http": "httptools",
+        "lifespan": "on",
+        "log_level": settings.log_level,
+        "access_log": False,  # one log line per request costs more than the decision
+        "server_header": False,
+        "date_header": False,
+    }
+    if settings.workers > 1:
+        os.environ[OVERRIDES_ENV] = orjson.dumps(overrides, default=str).decode()
+        uvicorn.run(
+            "fencegate.commands.serve:create_app_from_environment",
+            factory=True,
+            workers=settings.workers,
+            **common,
+        )
+    else:
+        uvicorn.run(
+            GatewayApplication(config, authenticator=authenticator, authenticator_loaded=True),
+            **common,
+        )
+    return 0

@@ -1,0 +1,433 @@
+"""The decision engine: steps 2 to 7 of the gateway's decision order (DESIGN §1).
+
+It knows nothing of HTTP frameworks or database drivers. It receives an
+`IncomingRequest`, the route's policy, the tenant (step 1 happened before), a store and a
+``forward`` callable, and returns the answer to send with a decision label for metrics.
+The reverse proxy and the ASGI middleware both call it; only their ``forward`` differs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import math
+import os
+import socket
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from fencegate import headers as h
+from fencegate.fingerprint import request_fingerprint
+from fencegate.metrics import GatewayMetrics
+from fencegate.problems import Problem
+from fencegate.routes import RoutePolicy, entity_missing
+from fencegate.store.base import (
+    DecideRequest,
+    Decision,
+    GatewayStore,
+    Outcome,
+    Reservation,
+    StoredResponse,
+    StoreUnavailable,
+)
+from fencegate.types import IncomingRequest
+
+logger = logging.getLogger("fencegate.gateway")
+
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+# Never replayed: per-connection, per-moment or per-user state of the first answer.
+NOT_REPLAYED = HOP_BY_HOP | {"set-cookie", "date", "content-length"}
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamResponse:
+    status: int
+    headers: list[tuple[str, str]]
+    body: bytes
+
+
+class UpstreamRefused(Exception):
+    """Nothing reached the upstream (connection refused, no route): running again is safe."""
+
+
+class UpstreamOutcomeUnknown(Exception):
+    """The request may have reached the upstream, but no answer came back in time."""
+
+
+# forward(timeout) -> the upstream's answer; raises UpstreamRefused / UpstreamOutcomeUnknown.
+Forward = Callable[[float], Awaitable[UpstreamResponse]]
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayResponse:
+    status: int
+    headers: list[tuple[str, str]]
+    body: bytes
+    decision: str  # label for fencegate_gateway_requests_total
+
+
+def problem_response(problem: Problem, decision: str | None = None) -> GatewayResponse:
+    return GatewayResponse(
+        problem.status,
+        problem.response_headers(),
+        problem.body(),
+        decision or str(problem.status),
+    )
+
+
+def instance_owner() -> str:
+    """Who holds a reservation: unique per gateway process, readable in the table."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+class Engine:
+    def __init__(
+        self,
+        store: GatewayStore,
+        *,
+        owner: str | None = None,
+        lease_seconds: float = 30.0,
+        store_timeout: float = 2.0,
+        metrics: GatewayMetrics | None = None,
+    ) -> None:
+        if lease_seconds <= 0:
+            raise ValueError("the in-flight lease must be longer than zero seconds")
+        self.store = store
+        self.owner = owner or instance_owner()
+        self.lease_seconds = float(lease_seconds)
+        # Renew at a third of the lease: two renewals may fail before the lease runs out.
+        self.renew_every = self.lease_seconds / 3
+        self.store_timeout = float(store_timeout)
+        self.metrics = metrics
+
+    async def handle(
+        self,
+        request: IncomingRequest,
+        policy: RoutePolicy,
+        tenant: str,
+        forward: Forward,
+    ) -> GatewayResponse:
+        try:
+            response = await self._handle(request, policy, tenant, forward)
+        except Problem as problem:
+            response = problem_response(problem)
+        if self.metrics is not None:
+            self.metrics.count(response.decision)
+        return response
+
+    async def _handle(
+        self, request: IncomingRequest, policy: RoutePolicy, tenant: str, forward: Forward
+    ) -> GatewayResponse:
+        if not policy.guards(request.method):
+            return await self._relay(forward, policy, "passthrough")
+
+        # Step 2: headers and body.
+        key = h.parse_idempotency_key(request.header_values(h.IDEMPOTENCY_KEY))
+        fence = h.parse_fence(request.header_values(h.EXECUTION_FENCE))
+        entity_header = h.parse_entity(request.header_values(h.EXECUTION_ENTITY))
+        if len(request.body) > policy.max_body_bytes:
+            raise body_too_large(policy.max_body_bytes)
+        if key is None and policy.key_required:
+            raise Problem(
+                400,
+                "key-required",
+                "Idempotency-Key required",
+                f"{request.method} {policy.prefix} requires an Idempotency-Key header",
+            )
+        if fence is None and policy.fence_required:
+            raise Problem(
+                428,
+                "fence-required",
+                "Fence required",
+                f"{request.method} {policy.prefix} requires an X-Execution-Fence header",
+            )
+        entity = policy.entity.derive(request.path, request.body, entity_header)
+        if fence is not None and entity is None:
+            raise entity_missing(policy.entity)
+        if key is None and fence is None:
+            return await self._relay(forward, policy, "passthrough")
+
+        # Steps 3 and 4: one transaction in the store.
+        decision = await self._decide(
+            DecideRequest(
+                tenant=tenant,
+                key=key,
+                fingerprint=request_fingerprint(
+                    request.method, request.path, request.query_string, request.body
+                )
+                if key is not None
+                else "",
+                entity=entity,
+                fence=fence,
+                owner=self.owner,
+                lease_seconds=self.lease_seconds,
+                ttl_seconds=policy.key_ttl_seconds,
+                retry_unknown=policy.on_unknown == "retry",
+            )
+        )
+        outcome = decision.outcome
+        if outcome is Outcome.STALE:
+            raise stale_fence(fence, decision.last_accepted, entity)
+        if outcome is Outcome.FENCE_ONLY:
+            return await self._relay(forward, policy, "forwarded")
+        assert key is not None
+        if outcome is Outcome.REPLAY:
+            assert decision.response is not None
+            return replay(decision.response, key)
+        if outcome is Outcome.MISMATCH:
+            raise Problem(
+                422,
+                "key-reused",
+                "Idempotency-Key reused",
+                "this Idempotency-Key was first used with a different method, path, query or body",
+            )
+        if outcome is Outcome.IN_FLIGHT:
+            raise in_flight(decision)
+        if outcome is Outcome.UNKNOWN:
+            raise Problem(
+                409,
+                "outcome-unknown",
+                "Outcome unknown",
+                "an earlier attempt with this Idempotency-Key may have run upstream but its "
+                "answer never arrived; this route does not retry it until an operator "
+                "resolves the key",
+            )
+        if outcome is Outcome.TAKEN_OVER:
+            logger.warning("took over in-flight key %r whose lease had expired", key)
+        assert decision.attempt is not None
+        reservation = Reservation(tenant, key, self.owner, decision.attempt)
+        return await self._execute(reservation, forward, policy)
+
+    async def _decide(self, request: DecideRequest) -> Decision:
+        started = time.perf_counter()
+        try:
+            return await self.store.decide(request, timeout=self.store_timeout)
+        except StoreUnavailable as exc:
+            logger.error("store unavailable, refusing the request: %s", exc)
+            raise store_unavailable() from exc
+        finally:
+            self._store_latency("decide", started)
+
+    async def _relay(self, forward: Forward, policy: RoutePolicy, label: str) -> GatewayResponse:
+        """Forward without a reservation: nothing to record either way."""
+        try:
+            answer = await self._timed_forward(forward, policy)
+        except UpstreamRefused as exc:
+            raise upstream_unreachable(exc) from exc
+        except UpstreamOutcomeUnknown as exc:
+            raise upstream_timeout(exc) from exc
+        return GatewayResponse(answer.status, answer.headers, answer.body, label)
+
+    async def _execute(
+        self, reservation: Reservation, forward: Forward, policy: RoutePolicy
+    ) -> GatewayResponse:
+        """Steps 5 and 6: forward while holding the lease, then record what happened."""
+        try:
+            answer = await self._forward_holding(reservation, forward, policy)
+        except UpstreamRefused as exc:
+            await self._record(
+                "release", self.store.release(reservation, timeout=self.store_timeout)
+            )
+            raise upstream_unreachable(exc) from exc
+        except UpstreamOutcomeUnknown as exc:
+            await self._record(
+                "mark_unknown", self.store.mark_unknown(reservation, timeout=self.store_timeout)
+            )
+            raise upstream_timeout(exc) from exc
+        except Exception:
+            # An in-process app that raised is a 500 that was not stored: a retry runs again.
+            await self._record(
+                "release", self.store.release(reservation, timeout=self.store_timeout)
+            )
+            raise
+
+        if not policy.stores(answer.status):
+            await self._record(
+                "release", self.store.release(reservation, timeout=self.store_timeout)
+            )
+            return GatewayResponse(answer.status, answer.headers, answer.body, "released")
+
+        stored = StoredResponse(
+            status=answer.status,
+            headers=[(k, v) for k, v in answer.headers if k.lower() not in NOT_REPLAYED],
+            body=answer.body if len(answer.body) <= policy.max_stored_body_bytes else None,
+            sha256=hashlib.sha256(answer.body).hexdigest(),
+        )
+        await self._record(
+            "complete",
+            self.store.complete(
+                reservation,
+                stored,
+                ttl_seconds=policy.key_ttl_seconds,
+                timeout=self.store_timeout,
+            ),
+        )
+        return GatewayResponse(answer.status, answer.headers, answer.body, "forwarded")
+
+    async def _record(self, operation: str, call: Awaitable[bool]) -> None:
+        """Record an outcome. The upstream has already acted, so a failure here is logged
+        and the answer still goes to the client; the reservation's lease then expires and a
+        retry forwards again with the same key, for the upstream to deduplicate."""
+        started = time.perf_counter()
+        try:
+            if not await call:
+                logger.warning(
+                    "could not %s the reservation: its lease expired and another holder "
+                    "took it over",
+                    operation,
+                )
+        except StoreUnavailable as exc:
+            logger.error("store unavailable, could not %s the reservation: %s", operation, exc)
+        finally:
+            self._store_latency(operation, started)
+
+    async def _forward_holding(
+        self, reservation: Reservation, forward: Forward, policy: RoutePolicy
+    ) -> UpstreamResponse:
+        # Most upstream calls finish well within a third of the lease, so the renewal task
+        # is only created for the slow ones.
+        loop = asyncio.get_running_loop()
+        renewer: asyncio.Task[None] | None = None
+
+        def start_renewing() -> None:
+            nonlocal renewer
+            renewer = loop.create_task(self._renew_loop(reservation))
+
+        timer = loop.call_later(self.renew_every, start_renewing)
+        try:
+            return await self._timed_forward(forward, policy)
+        finally:
+            timer.cancel()
+            if renewer is not None:
+                renewer.cancel()
+
+    async def _renew_loop(self, reservation: Reservation) -> None:
+        while True:
+            started = time.perf_counter()
+            try:
+                renewed = await self.store.renew(
+                    reservation, self.lease_seconds, timeout=self.store_timeout
+                )
+            except StoreUnavailable as exc:
+                logger.warning(
+                    "could not renew the in-flight lease of %r: %s", reservation.key, exc
+                )
+            else:
+                if not renewed:
+                    logger.warning(
+                        "in-flight lease of %r lost while waiting on the upstream", reservation.key
+                    )
+                    return
+            finally:
+                self._store_latency("renew", started)
+            await asyncio.sleep(self.renew_every)
+
+    async def _timed_forward(self, forward: Forward, policy: RoutePolicy) -> UpstreamResponse:
+        started = time.perf_counter()
+        try:
+            return await forward(policy.timeout)
+        finally:
+            if self.metrics is not None:
+                self.metrics.upstream_latency.observe(time.perf_counter() - started)
+
+    def _store_latency(self, operation: str, started: float) -> None:
+        if self.metrics is not None:
+            self.metrics.store_latency(operation).observe(time.perf_counter() - started)
+
+
+def replay(stored: StoredResponse, key: str) -> GatewayResponse:
+    if stored.body is None:
+        problem = Problem(
+            410,
+            "response-not-stored",
+            "Response too large to replay",
+            "this Idempotency-Key already ran; its response was too large to store, so only "
+            "its status and SHA-256 were kept. The request is not executed again.",
+            headers={"Idempotent-Replayed": "true"},
+            original_status=stored.status,
+            body_sha256=stored.sha256,
+        )
+        return problem_response(problem, "replayed")
+    headers = [(k, v) for k, v in stored.headers if k.lower() not in NOT_REPLAYED]
+    headers.append(("idempotent-replayed", "true"))
+    return GatewayResponse(stored.status, headers, stored.body, "replayed")
+
+
+def body_too_large(limit: int) -> Problem:
+    return Problem(
+        413,
+        "body-too-large",
+        "Request body too large",
+        f"the request body is larger than this route's limit of {limit} bytes",
+        max_body_bytes=limit,
+    )
+
+
+def stale_fence(fence: int | None, last_accepted: int | None, entity: str | None) -> Problem:
+    return Problem(
+        412,
+        "stale-fence",
+        "Stale fencing token",
+        f"X-Execution-Fence {fence} is lower than {last_accepted}, the last fence accepted "
+        f"for entity {entity!r}: a newer holder owns this work",
+        last_accepted_fence=last_accepted,
+        fence=fence,
+    )
+
+
+def in_flight(decision: Decision) -> Problem:
+    seconds = max(1, math.ceil(decision.retry_after or 1.0))
+    return Problem(
+        409,
+        "in-flight",
+        "Request in flight",
+        "a request with this Idempotency-Key is still being processed; retry after it ends",
+        headers={"Retry-After": str(seconds)},
+        retry_after=seconds,
+    )
+
+
+def store_unavailable() -> Problem:
+    return Problem(
+        503,
+        "store-unavailable",
+        "Store unavailable",
+        "the gateway cannot reach its store, so it forwards nothing it could not record",
+        headers={"Retry-After": "1"},
+        retry_after=1,
+    )
+
+
+def upstream_unreachable(exc: BaseException) -> Problem:
+    return Problem(
+        502,
+        "upstream-unreachable",
+        "Upstream unreachable",
+        f"the upstream could not be reached, nothing was sent ({exc}); the key was released "
+        "so that a retry runs again",
+    )
+
+
+def upstream_timeout(exc: BaseException) -> Problem:
+    return Problem(
+        504,
+        "upstream-timeout",
+        "Upstream outcome unknown",
+        f"the request was sent but no answer came back ({exc}); it may have run upstream",
+    )

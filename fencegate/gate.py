@@ -1,0 +1,83 @@
+"""One gateway request from ASGI to ASGI: route, body, step 1 (authenticate), then the
+engine. The reverse proxy and the middleware share this; they differ only in how they
+forward."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+
+from fencegate.asgi import ClientDisconnected, incoming_request, read_body, send_response
+from fencegate.engine import Engine, Forward, GatewayResponse, problem_response, store_unavailable
+from fencegate.problems import Problem
+from fencegate.routes import RoutePolicy, RouteTable
+from fencegate.store.base import StoreUnavailable
+from fencegate.types import (
+    DEFAULT_TENANT,
+    Authenticator,
+    IncomingRequest,
+    NonceStore,
+    Receive,
+    Scope,
+    Send,
+)
+
+logger = logging.getLogger("fencegate.gateway")
+
+# Builds the forward callable for one request under one route.
+ForwardFactory = Callable[[IncomingRequest, RoutePolicy], Forward]
+
+
+class Gate:
+    def __init__(
+        self,
+        *,
+        engine: Engine,
+        routes: RouteTable,
+        authenticator: Authenticator | None = None,
+        nonces: NonceStore | None = None,
+    ) -> None:
+        self.engine = engine
+        self.routes = routes
+        self.authenticator = authenticator
+        self.nonces = nonces if nonces is not None else engine.store
+        self.stripped = (
+            frozenset(authenticator.stripped_headers) if authenticator is not None else frozenset()
+        )
+
+    async def handle(
+        self, scope: Scope, receive: Receive, send: Send, make_forward: ForwardFactory
+    ) -> None:
+        policy = self.routes.match(scope["path"])
+        try:
+            body = await read_body(scope, receive, limit=policy.max_body_bytes)
+        except ClientDisconnected:
+            return
+        except Problem as problem:
+            await self._send(send, problem_response(problem))
+            return
+        request = incoming_request(scope, body)
+        tenant = DEFAULT_TENANT
+        if self.authenticator is not None:
+            try:
+                tenant = await self.authenticator.authenticate(request, self.nonces)
+            except Problem as problem:
+                await self._send(send, problem_response(problem))
+                return
+            except StoreUnavailable as exc:
+                logger.error("store unavailable while checking a signature nonce: %s", exc)
+                await self._send(send, problem_response(store_unavailable()))
+                return
+            if self.stripped:
+                request = dataclasses.replace(
+                    request,
+                    headers=tuple((k, v) for k, v in request.headers if k not in self.stripped),
+                )
+        response = await self.engine.handle(request, policy, tenant, make_forward(request, policy))
+        await send_response(send, response)
+
+    async def _send(self, send: Send, response: GatewayResponse) -> None:
+        if self.engine.metrics is not None:
+            self.engine.metrics.count(response.decision)
+        await send_response(send, response)

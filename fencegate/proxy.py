@@ -1,0 +1,173 @@
+"""The reverse proxy: forwards allowed requests to a route's upstream over one pooled
+aiohttp session, and serves ``GET /healthz`` and ``GET /metrics``.
+
+It tells the two ways an upstream call fails apart, because the engine treats them
+differently: nothing was sent (connection refused) → the key is released, 502; sent but
+no answer (timeout, connection lost) → outcome unknown, 504.
+"""
+
+from __future__ import annotations
+
+import logging
+from urllib.parse import urlsplit
+
+import aiohttp
+from multidict import CIMultiDict
+
+from fencegate.engine import (
+    HOP_BY_HOP,
+    Forward,
+    UpstreamOutcomeUnknown,
+    UpstreamRefused,
+    UpstreamResponse,
+)
+from fencegate.gate import Gate
+from fencegate.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from fencegate.metrics import GatewayMetrics
+from fencegate.problems import Problem
+from fencegate.routes import RoutePolicy
+from fencegate.store.base import GatewayStore, StoreUnavailable
+from fencegate.types import IncomingRequest, Scope, Send
+
+logger = logging.getLogger("fencegate.gateway")
+
+# Not forwarded upstream: per-hop, or recomputed by the client session.
+_NOT_FORWARDED = HOP_BY_HOP | {"host", "content-length", "expect"}
+# Not relayed back: per-hop; the body is whole so its length is recomputed on sending.
+_NOT_RELAYED = HOP_BY_HOP | {"content-length"}
+
+# Below the keep-alive timeout of common servers (uvicorn: 5 s), so that a request is never
+# written on a pooled connection the upstream is closing: that would be an unknown outcome.
+KEEPALIVE_SECONDS = 4.0
+CONNECT_TIMEOUT = 10.0
+
+
+class UpstreamClient:
+    def __init__(self, *, max_connections: int = 200) -> None:
+        self._max_connections = max_connections
+        self._session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        connector = aiohttp.TCPConnector(
+            limit=self._max_connections,
+            keepalive_timeout=KEEPALIVE_SECONDS,
+            ttl_dns_cache=300,
+        )
+        self._session = aiohttp.ClientSession(
+            connector=connector,
+            auto_decompress=False,  # relay the bytes as the upstream encoded them
+            # Send the caller's headers, not ones the client library would invent.
+            skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
+            cookie_jar=aiohttp.DummyCookieJar(),
+        )
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def forwarder(self, request: IncomingRequest, policy: RoutePolicy) -> Forward:
+        session = self._session
+        if session is None:
+            raise RuntimeError("the upstream client is not started")
+        upstream = policy.upstream
+        if upstream is None:
+            raise Problem(
+                502, "no-upstream", "No upstream", f"no upstream is configured for {request.path}"
+            )
+        target = urlsplit(upstream)
+        query = f"?{request.query_string}" if request.query_string else ""
+        url = f"{upstream}{request.path}{query}"
+        headers: list[tuple[str, str]] = [
+            (k, v) for k, v in request.headers if k not in _NOT_FORWARDED
+        ]
+        headers.append(("host", target.netloc))
+        headers.append(("x-forwarded-host", request.authority))
+        headers.append(("x-forwarded-proto", request.scheme))
+
+        async def forward(timeout: float) -> UpstreamResponse:
+            client_timeout = aiohttp.ClientTimeout(
+                total=timeout, sock_connect=min(timeout, CONNECT_TIMEOUT)
+            )
+            try:
+                async with session.request(
+                    request.method,
+                    url,
+                    headers=CIMultiDict(headers),
+                    data=request.body if request.body else None,
+                    timeout=client_timeout,
+                    allow_redirects=False,
+                ) as response:
+                    body = await response.read()
+                    relayed = [
+                        (k.decode("latin-1"), v.decode("latin-1"))
+                        for k, v in response.raw_headers
+                        if k.decode("latin-1").lower() not in _NOT_RELAYED
+                    ]
+                    return UpstreamResponse(response.status, relayed, body)
+            except (aiohttp.ConnectionTimeoutError, aiohttp.ClientConnectorError) as exc:
+                raise UpstreamRefused(str(exc) or type(exc).__name__) from exc
+            except (TimeoutError, aiohttp.ClientError) as exc:
+                detail = f"no answer within {timeout}s" if isinstance(exc, TimeoutError) else exc
+                raise UpstreamOutcomeUnknown(str(detail) or type(exc).__name__) from exc
+
+        return forward
+
+
+class ReverseProxy:
+    """The gateway's HTTP surface. Pure ASGI: no routing framework on the hot path."""
+
+    def __init__(
+        self,
+        *,
+        gate: Gate,
+        client: UpstreamClient,
+        store: GatewayStore,
+        metrics: GatewayMetrics,
+        store_timeout: float,
+    ) -> None:
+        self.gate = gate
+        self.client = client
+        self.store = store
+        self.metrics = metrics
+        self.store_timeout = store_timeout
+
+    async def __call__(self, scope: Scope, receive: object, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        path = scope["path"]
+        if scope["method"] in ("GET", "HEAD"):
+            if path == "/healthz":
+                await self._healthz(send)
+                return
+            if path == "/metrics":
+                await _send_plain(send, 200, self.metrics.render(), METRICS_CONTENT_TYPE)
+                return
+        await self.gate.handle(scope, receive, send, self.client.forwarder)  # type: ignore[arg-type]
+
+    async def _healthz(self, send: Send) -> None:
+        try:
+            await self.store.ping(timeout=self.store_timeout)
+        except (TimeoutError, StoreUnavailable) as exc:
+            logger.warning("health check failed: %s", exc)
+            problem = Problem(
+                503, "store-unavailable", "Store unavailable", "the store did not answer a ping"
+            )
+            await _send_plain(send, 503, problem.body(), "application/problem+json")
+            return
+        await _send_plain(send, 200, b'{"status":"ok"}', "application/json")
+
+
+async def _send_plain(send: Send, status: int, body: bytes, content_type: str) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", content_type.encode()),
+                (b"content-length", str(len(body)).encode()),
+                (b"cache-control", b"no-store"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,151 @@
+"""Route policies: what the gateway demands of the requests under one path prefix, and how
+it finds the entity a fence protects."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import orjson
+
+from fencegate.problems import Problem
+
+DEFAULT_KEY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+_TEMPLATE_VAR = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+@dataclass(frozen=True, slots=True)
+class EntityRule:
+    """``header`` (X-Execution-Entity), a path template such as
+    ``/invoices/{invoice_id}/capture``, or ``json:field.path`` (a field of the JSON body)."""
+
+    spec: str = "header"
+    kind: Literal["header", "path", "json"] = field(init=False)
+    _pattern: re.Pattern[str] | None = field(init=False, default=None)
+    _json_path: tuple[str, ...] = field(init=False, default=())
+
+    def __post_init__(self) -> None:
+        spec = self.spec
+        if spec == "header":
+            object.__setattr__(self, "kind", "header")
+        elif spec.startswith("json:"):
+            path = tuple(spec[len("json:") :].split("."))
+            if not all(path):
+                raise ValueError("json entity rule needs a field path, e.g. json:invoice.id")
+            object.__setattr__(self, "kind", "json")
+            object.__setattr__(self, "_json_path", path)
+        elif spec.startswith("/"):
+            names = _TEMPLATE_VAR.findall(spec)
+            if not names:
+                raise ValueError(
+                    "a path entity rule needs at least one {name}, e.g. /invoices/{invoice_id}"
+                )
+            if len(set(names)) != len(names):
+                raise ValueError("a path entity rule names each {variable} once")
+            regex = ""
+            pos = 0
+            for match in _TEMPLATE_VAR.finditer(spec):
+                regex += re.escape(spec[pos : match.start()])
+                regex += f"(?P<{match.group(1)}>[^/]+)"
+                pos = match.end()
+            regex += re.escape(spec[pos:])
+            object.__setattr__(self, "kind", "path")
+            object.__setattr__(self, "_pattern", re.compile(regex))
+        else:
+            raise ValueError(
+                "entity must be 'header', a path template starting with '/' or 'json:field.path'"
+            )
+
+    def derive(self, path: str, body: bytes, header_value: str | None) -> str | None:
+        """The entity of one request, or None when it names none."""
+        if self.kind == "header":
+            return header_value
+        if self.kind == "path":
+            assert self._pattern is not None
+            match = self._pattern.fullmatch(path)
+            if match is None:
+                return None
+            # Named after the variables, so two routes on one invoice share one fence.
+            return "/".join(f"{k}:{v}" for k, v in match.groupdict().items())
+        return self._from_json(body)
+
+    def _from_json(self, body: bytes) -> str | None:
+        try:
+            value: object = orjson.loads(body) if body else None
+        except orjson.JSONDecodeError:
+            return None
+        for name in self._json_path:
+            if not isinstance(value, dict):
+                return None
+            value = value.get(name)
+        if isinstance(value, bool) or not isinstance(value, str | int):
+            return None
+        text = str(value)
+        if not 1 <= len(text) <= 255 or not text.isascii() or not text.isprintable():
+            return None
+        return f"{self._json_path[-1]}:{text}"
+
+
+@dataclass(frozen=True, slots=True)
+class RoutePolicy:
+    prefix: str = "/"
+    upstream: str | None = None
+    key_methods: frozenset[str] = DEFAULT_KEY_METHODS
+    key_required: bool = True
+    fence_required: bool = False
+    entity: EntityRule = field(default_factory=EntityRule)
+    timeout: float = 30.0
+    stored_statuses: frozenset[int] | None = None  # None: every status below 500
+    store_5xx: bool = False
+    on_unknown: Literal["retry", "reject"] = "retry"
+    max_body_bytes: int = 10 * 1024 * 1024
+    max_stored_body_bytes: int = 1024 * 1024
+    key_ttl_seconds: float = 24 * 3600.0
+
+    def stores(self, status: int) -> bool:
+        if self.stored_statuses is not None:
+            return status in self.stored_statuses
+        return status < 500 or self.store_5xx
+
+    def guards(self, method: str) -> bool:
+        """Whether requests with this method go through the key and fence checks."""
+        return method in self.key_methods
+
+    def matches(self, path: str) -> bool:
+        prefix = self.prefix
+        if prefix == "/" or path == prefix:
+            return True
+        return path.startswith(prefix if prefix.endswith("/") else prefix + "/")
+
+
+class RouteTable:
+    """Longest prefix wins; a path under no route gets the default policy."""
+
+    def __init__(self, routes: Iterable[RoutePolicy], *, default: RoutePolicy) -> None:
+        self.routes: Sequence[RoutePolicy] = sorted(
+            routes, key=lambda r: len(r.prefix), reverse=True
+        )
+        self.default = default
+
+    def match(self, path: str) -> RoutePolicy:
+        for route in self.routes:
+            if route.matches(path):
+                return route
+        return self.default
+
+
+def entity_missing(rule: EntityRule) -> Problem:
+    where = {
+        "header": "the X-Execution-Entity header",
+        "path": f"a path matching {rule.spec}",
+        "json": f"the JSON body field {rule.spec[len('json:') :]}",
+    }[rule.kind]
+    return Problem(
+        400,
+        "entity-required",
+        "Fence without an entity",
+        f"a fenced request must name the entity it protects: {where}",
+    )

@@ -1,0 +1,58 @@
+"""Gateway stores: PostgreSQL for production, SQLite as the embedded default."""
+
+from __future__ import annotations
+
+from fencegate.dburl import parse_database_url
+from fencegate.migrations import migrate
+from fencegate.store.base import (
+    DecideRequest,
+    Decision,
+    GatewayStore,
+    Outcome,
+    PurgeCounts,
+    Reservation,
+    StoredResponse,
+    StoreUnavailable,
+)
+
+__all__ = [
+    "DecideRequest",
+    "Decision",
+    "GatewayStore",
+    "Outcome",
+    "PurgeCounts",
+    "Reservation",
+    "StoreUnavailable",
+    "StoredResponse",
+    "open_gateway_store",
+]
+
+
+async def open_gateway_store(
+    url: str | None,
+    *,
+    run_migrations: bool | None = None,
+    pool_max_size: int = 20,
+    timeout: float = 30.0,
+) -> GatewayStore:
+    """Open the store a database URL names (no URL: SQLite ``./fencegate.db``).
+
+    ``run_migrations`` None means the default: migrate an SQLite file (the embedded store
+    should just work), leave PostgreSQL alone (its schema is an operator's decision,
+    ``fencegate migrate``).
+    """
+    target = parse_database_url(url)
+    if run_migrations is None:
+        run_migrations = target.kind == "sqlite"
+    if run_migrations:
+        await migrate(target.url, timeout=timeout)
+    if target.kind == "postgresql":
+        from fencegate.store.postgres import PostgresGatewayStore
+
+        return await PostgresGatewayStore.connect(
+            target.url, max_size=pool_max_size, min_size=min(2, pool_max_size), timeout=timeout
+        )
+    from fencegate.store.sqlite import SQLiteGatewayStore
+
+    assert target.sqlite_path is not None
+    return SQLiteGatewayStore.open(target.sqlite_path)

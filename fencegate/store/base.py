@@ -1,0 +1,122 @@
+"""The gateway store protocol and the records it returns.
+
+A store runs steps 3 and 4 of the decision order as one transaction (`decide`), and later
+records what the upstream did with the reservation it granted (`complete`, `release`,
+`mark_unknown`), each conditional on still owning it. The decision logic around these calls
+lives in `fencegate.engine`; a store only runs SQL.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Protocol
+
+
+class StoreUnavailable(Exception):
+    """The store did not answer in time or could not be reached: the gateway fails closed."""
+
+
+class Outcome(StrEnum):
+    STALE = "stale"  # fence below last_accepted: nothing stored
+    FENCE_ONLY = "fence_only"  # fence accepted, no key to reserve
+    RESERVED = "reserved"  # new key, reserved for this gateway
+    TAKEN_OVER = "taken_over"  # in-flight key whose lease had expired
+    RETRY_UNKNOWN = "retry_unknown"  # outcome_unknown key, route says retry
+    REPLAY = "replay"  # completed, same fingerprint
+    MISMATCH = "mismatch"  # same key, other request
+    IN_FLIGHT = "in_flight"  # another holder's lease is live
+    UNKNOWN = "unknown"  # outcome_unknown key, route says reject
+
+    @property
+    def forwards(self) -> bool:
+        return self in _FORWARDING
+
+
+_FORWARDING = frozenset(
+    {Outcome.FENCE_ONLY, Outcome.RESERVED, Outcome.TAKEN_OVER, Outcome.RETRY_UNKNOWN}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class DecideRequest:
+    tenant: str
+    key: str | None
+    fingerprint: str
+    entity: str | None
+    fence: int | None
+    owner: str
+    lease_seconds: float
+    ttl_seconds: float
+    retry_unknown: bool
+
+
+@dataclass(frozen=True, slots=True)
+class StoredResponse:
+    status: int
+    headers: list[tuple[str, str]]
+    body: bytes | None  # None when it was too large to store
+    sha256: str
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    outcome: Outcome
+    last_accepted: int | None = None
+    attempt: int | None = None
+    retry_after: float | None = None  # seconds left on another holder's lease
+    response: StoredResponse | None = None  # for REPLAY
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """What identifies one holder of one key: the conditional writes check all of it."""
+
+    tenant: str
+    key: str
+    owner: str
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class PurgeCounts:
+    keys: int
+    fences: int
+    nonces: int
+
+
+class GatewayStore(Protocol):
+    async def decide(self, request: DecideRequest, *, timeout: float) -> Decision: ...
+
+    async def complete(
+        self,
+        reservation: Reservation,
+        response: StoredResponse,
+        *,
+        ttl_seconds: float,
+        timeout: float,
+    ) -> bool:
+        """Store the response; False when the reservation is no longer ours."""
+        ...
+
+    async def release(self, reservation: Reservation, *, timeout: float) -> bool: ...
+
+    async def mark_unknown(self, reservation: Reservation, *, timeout: float) -> bool: ...
+
+    async def renew(
+        self, reservation: Reservation, lease_seconds: float, *, timeout: float
+    ) -> bool:
+        """Extend the in-flight lease; False when it already expired or was taken over."""
+        ...
+
+    async def remember_nonce(
+        self, key_id: str, nonce: str, ttl_seconds: float, *, timeout: float
+    ) -> bool: ...
+
+    async def purge(
+        self, *, fence_ttl_seconds: float, batch_size: int = 1000, timeout: float
+    ) -> PurgeCounts: ...
+
+    async def ping(self, *, timeout: float) -> None: ...
+
+    async def close(self) -> None: ...

@@ -1,0 +1,244 @@
+"""The gateway store on PostgreSQL (asyncpg pool).
+
+One decision is one call of the `fencegate_decide` function (one round trip, one
+transaction); each record is one conditional statement. asyncpg caches the prepared
+statements per connection. Every call is bounded by `timeout=` as a whole (acquire, query
+and release), so a partitioned database costs a caller at most that long.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import asyncpg
+import orjson
+
+from fencegate.store.base import (
+    DecideRequest,
+    Decision,
+    Outcome,
+    PurgeCounts,
+    Reservation,
+    StoredResponse,
+    StoreUnavailable,
+)
+
+T = TypeVar("T")
+
+_DECIDE = "SELECT * FROM fencegate_decide($1, $2, $3, $4, $5, $6, $7, $8, $9)"
+
+_COMPLETE = """
+UPDATE idempotency_keys
+SET state = 'completed', response_status = $5, response_headers = $6::jsonb,
+    response_body = $7, response_sha256 = $8, body_too_large = $9,
+    completed_at = now(), locked_until = NULL,
+    expires_at = now() + make_interval(secs => $10)
+WHERE tenant = $1 AND key = $2 AND owner = $3 AND attempt = $4 AND state = 'in_flight'
+"""
+
+_RELEASE = """
+DELETE FROM idempotency_keys
+WHERE tenant = $1 AND key = $2 AND owner = $3 AND attempt = $4 AND state = 'in_flight'
+"""
+
+_MARK_UNKNOWN = """
+UPDATE idempotency_keys SET state = 'outcome_unknown', locked_until = NULL
+WHERE tenant = $1 AND key = $2 AND owner = $3 AND attempt = $4 AND state = 'in_flight'
+"""
+
+_RENEW = """
+UPDATE idempotency_keys SET locked_until = now() + make_interval(secs => $5)
+WHERE tenant = $1 AND key = $2 AND owner = $3 AND attempt = $4 AND state = 'in_flight'
+  AND locked_until > now()
+"""
+
+# A nonce row that has expired may be reused; an unexpired one is a replayed signature.
+_REMEMBER_NONCE = """
+INSERT INTO signature_nonces AS n (key_id, nonce, expires_at)
+VALUES ($1, $2, now() + make_interval(secs => $3))
+ON CONFLICT (key_id, nonce) DO UPDATE SET expires_at = EXCLUDED.expires_at
+    WHERE n.expires_at <= now()
+RETURNING 1
+"""
+
+_PURGE_KEYS = """
+DELETE FROM idempotency_keys WHERE ctid = ANY(ARRAY(
+    SELECT ctid FROM idempotency_keys WHERE expires_at <= now() LIMIT $1))
+"""
+_PURGE_FENCES = """
+DELETE FROM fences WHERE ctid = ANY(ARRAY(
+    SELECT ctid FROM fences WHERE updated_at <= now() - make_interval(secs => $2) LIMIT $1))
+"""
+_PURGE_NONCES = """
+DELETE FROM signature_nonces WHERE ctid = ANY(ARRAY(
+    SELECT ctid FROM signature_nonces WHERE expires_at <= now() LIMIT $1))
+"""
+
+# Errors that mean "the store did not answer", as opposed to a bug in a statement.
+_UNAVAILABLE: tuple[type[BaseException], ...] = (
+    OSError,
+    TimeoutError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    asyncpg.CannotConnectNowError,
+    asyncpg.TooManyConnectionsError,
+    asyncpg.exceptions.OperatorInterventionError,
+    asyncpg.exceptions.InsufficientResourcesError,
+    asyncpg.exceptions.SerializationError,
+    asyncpg.exceptions.DeadlockDetectedError,
+)
+
+
+def _affected(status: str) -> bool:
+    return not status.endswith(" 0")
+
+
+class PostgresGatewayStore:
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
+
+    @classmethod
+    async def connect(
+        cls, url: str, *, min_size: int = 2, max_size: int = 20, timeout: float = 10.0
+    ) -> PostgresGatewayStore:
+        pool = await asyncpg.create_pool(
+            url,
+            min_size=min_size,
+            max_size=max_size,
+            timeout=timeout,
+            # Bare statements, no JIT: the decision must stay a sub-millisecond call.
+            server_settings={"jit": "off", "application_name": "fencegate-gateway"},
+        )
+        assert pool is not None
+        return cls(pool)
+
+    async def _run(self, fn: Callable[[asyncpg.Connection], Awaitable[T]], *, timeout: float) -> T:
+        try:
+            async with asyncio.timeout(timeout):
+                async with self._pool.acquire() as conn:
+                    return await fn(conn)
+        except _UNAVAILABLE as exc:
+            raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from exc
+
+    async def decide(self, request: DecideRequest, *, timeout: float) -> Decision:
+        async def call(conn: asyncpg.Connection) -> Any:
+            return await conn.fetchrow(
+                _DECIDE,
+                request.tenant,
+                request.key,
+                request.fingerprint,
+                request.entity,
+                request.fence,
+                request.owner,
+                request.lease_seconds,
+                request.ttl_seconds,
+                request.retry_unknown,
+            )
+
+        row = await self._run(call, timeout=timeout)
+        outcome = Outcome(row["d_outcome"])
+        response = None
+        if outcome is Outcome.REPLAY:
+            headers = [(str(k), str(v)) for k, v in orjson.loads(row["d_response_headers"])]
+            response = StoredResponse(
+                status=row["d_response_status"],
+                headers=headers,
+                body=None if row["d_body_too_large"] else bytes(row["d_response_body"] or b""),
+                sha256=row["d_response_sha256"],
+            )
+        return Decision(
+            outcome=outcome,
+            last_accepted=row["d_last_accepted"],
+            attempt=row["d_attempt"],
+            retry_after=row["d_retry_after"],
+            response=response,
+        )
+
+    async def complete(
+        self,
+        reservation: Reservation,
+        response: StoredResponse,
+        *,
+        ttl_seconds: float,
+        timeout: float,
+    ) -> bool:
+        r = reservation
+        headers = orjson.dumps(response.headers).decode()
+        status = await self._run(
+            lambda conn: conn.execute(
+                _COMPLETE,
+                r.tenant,
+                r.key,
+                r.owner,
+                r.attempt,
+                response.status,
+                headers,
+                response.body,
+                response.sha256,
+                response.body is None,
+                float(ttl_seconds),
+            ),
+            timeout=timeout,
+        )
+        return _affected(status)
+
+    async def _conditional(self, sql: str, r: Reservation, *extra: Any, timeout: float) -> bool:
+        status = await self._run(
+            lambda conn: conn.execute(sql, r.tenant, r.key, r.owner, r.attempt, *extra),
+            timeout=timeout,
+        )
+        return _affected(status)
+
+    async def release(self, reservation: Reservation, *, timeout: float) -> bool:
+        return await self._conditional(_RELEASE, reservation, timeout=timeout)
+
+    async def mark_unknown(self, reservation: Reservation, *, timeout: float) -> bool:
+        return await self._conditional(_MARK_UNKNOWN, reservation, timeout=timeout)
+
+    async def renew(
+        self, reservation: Reservation, lease_seconds: float, *, timeout: float
+    ) -> bool:
+        return await self._conditional(_RENEW, reservation, float(lease_seconds), timeout=timeout)
+
+    async def remember_nonce(
+        self, key_id: str, nonce: str, ttl_seconds: float, *, timeout: float
+    ) -> bool:
+        row = await self._run(
+            lambda conn: conn.fetchrow(_REMEMBER_NONCE, key_id, nonce, float(ttl_seconds)),
+            timeout=timeout,
+        )
+        return row is not None
+
+    async def purge(
+        self, *, fence_ttl_seconds: float, batch_size: int = 1000, timeout: float
+    ) -> PurgeCounts:
+        """Delete in batches so that no single statement holds many row locks for long;
+        `timeout` bounds each batch."""
+        keys = await self._purge_table(_PURGE_KEYS, batch_size, timeout=timeout)
+        fences = await self._purge_table(
+            _PURGE_FENCES, batch_size, float(fence_ttl_seconds), timeout=timeout
+        )
+        nonces = await self._purge_table(_PURGE_NONCES, batch_size, timeout=timeout)
+        return PurgeCounts(keys=keys, fences=fences, nonces=nonces)
+
+    async def _purge_table(self, sql: str, batch_size: int, *extra: Any, timeout: float) -> int:
+        total = 0
+        while True:
+            status = await self._run(
+                lambda conn: conn.execute(sql, batch_size, *extra), timeout=timeout
+            )
+            deleted = int(status.rsplit(" ", 1)[-1])
+            total += deleted
+            if deleted < batch_size:
+                return total
+
+    async def ping(self, *, timeout: float) -> None:
+        await self._run(lambda conn: conn.fetchval("SELECT 1"), timeout=timeout)
+
+    async def close(self) -> None:
+        try:
+            await asyncio.wait_for(self._pool.close(), 5.0)
+        except _UNAVAILABLE:
+            self._pool.terminate()

@@ -1,0 +1,248 @@
+"""The gateway store on SQLite: the embedded default.
+
+Each decision runs in one BEGIN IMMEDIATE transaction on the store's single connection, so
+the read and the write it decides on cannot interleave with another process's write (WAL
+lets several gateway processes share the file). Times come from the database clock.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import orjson
+
+from fencegate.sqlite_db import SQLITE_NOW, SQLiteDatabase, write_transaction
+from fencegate.store.base import (
+    DecideRequest,
+    Decision,
+    Outcome,
+    PurgeCounts,
+    Reservation,
+    StoredResponse,
+    StoreUnavailable,
+)
+
+T = TypeVar("T")
+
+NOW = SQLITE_NOW
+
+_OWNED = "tenant = ? AND key = ? AND owner = ? AND attempt = ? AND state = 'in_flight'"
+
+
+def _decide(conn: sqlite3.Connection, r: DecideRequest) -> Decision:
+    with write_transaction(conn):
+        now = float(conn.execute(f"SELECT {NOW}").fetchone()[0])
+        last: int | None = None
+        if r.fence is not None:
+            row = conn.execute(
+                "SELECT last_accepted FROM fences WHERE tenant = ? AND entity = ?",
+                (r.tenant, r.entity),
+            ).fetchone()
+            if row is not None and r.fence < row[0]:
+                return Decision(Outcome.STALE, last_accepted=int(row[0]))
+            conn.execute(
+                "INSERT INTO fences (tenant, entity, last_accepted, updated_at) "
+                "VALUES (?, ?, ?, ?) ON CONFLICT (tenant, entity) DO UPDATE "
+                "SET last_accepted = excluded.last_accepted, updated_at = excluded.updated_at",
+                (r.tenant, r.entity, r.fence, now),
+            )
+            last = r.fence
+        if r.key is None:
+            return Decision(Outcome.FENCE_ONLY, last_accepted=last)
+
+        row = conn.execute(
+            "SELECT * FROM idempotency_keys WHERE tenant = ? AND key = ?", (r.tenant, r.key)
+        ).fetchone()
+        if row is None or row["expires_at"] <= now:
+            conn.execute(
+                "INSERT OR REPLACE INTO idempotency_keys (tenant, key, fingerprint, state, "
+                "owner, locked_until, attempt, entity, fence, created_at, expires_at) "
+                "VALUES (?, ?, ?, 'in_flight', ?, ?, 1, ?, ?, ?, ?)",
+                (
+                    r.tenant,
+                    r.key,
+                    r.fingerprint,
+                    r.owner,
+                    now + r.lease_seconds,
+                    r.entity,
+                    r.fence,
+                    now,
+                    now + r.ttl_seconds,
+                ),
+            )
+            return Decision(Outcome.RESERVED, last_accepted=last, attempt=1)
+        if row["fingerprint"] != r.fingerprint:
+            return Decision(Outcome.MISMATCH, last_accepted=last, attempt=row["attempt"])
+        state = row["state"]
+        if state == "completed":
+            response = StoredResponse(
+                status=int(row["response_status"]),
+                headers=[(str(k), str(v)) for k, v in orjson.loads(row["response_headers"])],
+                body=None if row["body_too_large"] else bytes(row["response_body"] or b""),
+                sha256=str(row["response_sha256"]),
+            )
+            return Decision(
+                Outcome.REPLAY, last_accepted=last, attempt=row["attempt"], response=response
+            )
+        if state == "in_flight" and row["locked_until"] > now:
+            return Decision(
+                Outcome.IN_FLIGHT,
+                last_accepted=last,
+                attempt=row["attempt"],
+                retry_after=float(row["locked_until"]) - now,
+            )
+        if state == "outcome_unknown" and not r.retry_unknown:
+            return Decision(Outcome.UNKNOWN, last_accepted=last, attempt=row["attempt"])
+        attempt = int(row["attempt"]) + 1
+        conn.execute(
+            "UPDATE idempotency_keys SET state = 'in_flight', owner = ?, locked_until = ?, "
+            "attempt = ?, entity = ?, fence = ? WHERE tenant = ? AND key = ?",
+            (r.owner, now + r.lease_seconds, attempt, r.entity, r.fence, r.tenant, r.key),
+        )
+        outcome = Outcome.TAKEN_OVER if state == "in_flight" else Outcome.RETRY_UNKNOWN
+        return Decision(outcome, last_accepted=last, attempt=attempt)
+
+
+def _execute(sql: str, params: tuple[object, ...]) -> Callable[[sqlite3.Connection], int]:
+    def run(conn: sqlite3.Connection) -> int:
+        with write_transaction(conn):
+            return conn.execute(sql, params).rowcount
+
+    return run
+
+
+def _key(r: Reservation) -> tuple[object, ...]:
+    return (r.tenant, r.key, r.owner, r.attempt)
+
+
+def _remember_nonce(key_id: str, nonce: str, ttl: float) -> Callable[[sqlite3.Connection], bool]:
+    def run(conn: sqlite3.Connection) -> bool:
+        with write_transaction(conn):
+            cur = conn.execute(
+                f"INSERT INTO signature_nonces (key_id, nonce, expires_at) "
+                f"VALUES (?, ?, {NOW} + ?) ON CONFLICT (key_id, nonce) DO UPDATE "
+                f"SET expires_at = excluded.expires_at "
+                f"WHERE signature_nonces.expires_at <= {NOW}",
+                (key_id, nonce, ttl),
+            )
+            return cur.rowcount > 0
+
+    return run
+
+
+class SQLiteGatewayStore:
+    def __init__(self, db: SQLiteDatabase) -> None:
+        self._db = db
+
+    @classmethod
+    def open(cls, path: Path | str, *, busy_timeout: float = 5.0) -> SQLiteGatewayStore:
+        return cls(SQLiteDatabase(path, busy_timeout=busy_timeout))
+
+    async def _run(self, fn: Callable[[sqlite3.Connection], T], *, timeout: float) -> T:
+        try:
+            return await self._db.run(fn, timeout=timeout)
+        except (sqlite3.Error, OSError, TimeoutError) as exc:
+            raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from exc
+
+    async def decide(self, request: DecideRequest, *, timeout: float) -> Decision:
+        return await self._run(lambda conn: _decide(conn, request), timeout=timeout)
+
+    async def complete(
+        self,
+        reservation: Reservation,
+        response: StoredResponse,
+        *,
+        ttl_seconds: float,
+        timeout: float,
+    ) -> bool:
+        sql = (
+            "UPDATE idempotency_keys SET state = 'completed', response_status = ?, "
+            "response_headers = ?, response_body = ?, response_sha256 = ?, "
+            f"body_too_large = ?, completed_at = {NOW}, locked_until = NULL, "
+            f"expires_at = {NOW} + ? WHERE {_OWNED}"
+        )
+        params = (
+            response.status,
+            orjson.dumps(response.headers).decode(),
+            response.body,
+            response.sha256,
+            int(response.body is None),
+            float(ttl_seconds),
+            *_key(reservation),
+        )
+        return await self._run(_execute(sql, params), timeout=timeout) > 0
+
+    async def release(self, reservation: Reservation, *, timeout: float) -> bool:
+        sql = f"DELETE FROM idempotency_keys WHERE {_OWNED}"
+        return await self._run(_execute(sql, _key(reservation)), timeout=timeout) > 0
+
+    async def mark_unknown(self, reservation: Reservation, *, timeout: float) -> bool:
+        sql = (
+            "UPDATE idempotency_keys SET state = 'outcome_unknown', locked_until = NULL "
+            f"WHERE {_OWNED}"
+        )
+        return await self._run(_execute(sql, _key(reservation)), timeout=timeout) > 0
+
+    async def renew(
+        self, reservation: Reservation, lease_seconds: float, *, timeout: float
+    ) -> bool:
+        sql = (
+            f"UPDATE idempotency_keys SET locked_until = {NOW} + ? "
+            f"WHERE {_OWNED} AND locked_until > {NOW}"
+        )
+        params = (float(lease_seconds), *_key(reservation))
+        return await self._run(_execute(sql, params), timeout=timeout) > 0
+
+    async def remember_nonce(
+        self, key_id: str, nonce: str, ttl_seconds: float, *, timeout: float
+    ) -> bool:
+        return await self._run(_remember_nonce(key_id, nonce, float(ttl_seconds)), timeout=timeout)
+
+    async def purge(
+        self, *, fence_ttl_seconds: float, batch_size: int = 1000, timeout: float
+    ) -> PurgeCounts:
+        """Delete in batches so that other processes get the write lock in between;
+        `timeout` bounds each batch."""
+        keys = await self._purge_table(
+            "idempotency_keys", "tenant, key", f"expires_at <= {NOW}", (), batch_size, timeout
+        )
+        fences = await self._purge_table(
+            "fences",
+            "tenant, entity",
+            f"updated_at <= {NOW} - ?",
+            (float(fence_ttl_seconds),),
+            batch_size,
+            timeout,
+        )
+        nonces = await self._purge_table(
+            "signature_nonces", "key_id, nonce", f"expires_at <= {NOW}", (), batch_size, timeout
+        )
+        return PurgeCounts(keys=keys, fences=fences, nonces=nonces)
+
+    async def _purge_table(
+        self,
+        table: str,
+        pk: str,
+        where: str,
+        params: tuple[object, ...],
+        batch_size: int,
+        timeout: float,
+    ) -> int:
+        sql = (
+            f"DELETE FROM {table} WHERE ({pk}) IN (SELECT {pk} FROM {table} WHERE {where} LIMIT ?)"
+        )
+        total = 0
+        while True:
+            deleted = await self._run(_execute(sql, (*params, batch_size)), timeout=timeout)
+            total += deleted
+            if deleted < batch_size:
+                return total
+
+    async def ping(self, *, timeout: float) -> None:
+        await self._run(lambda conn: conn.execute("SELECT 1").fetchone(), timeout=timeout)
+
+    async def close(self) -> None:
+        await self._db.close()

@@ -1,0 +1,180 @@
+-- Gateway records: idempotency keys, fences, signature nonces.
+-- Every time comparison uses the database clock (now()).
+
+CREATE TABLE idempotency_keys (
+    tenant            text        NOT NULL,
+    key               text        NOT NULL,
+    fingerprint       text        NOT NULL,  -- hex SHA-256 of method, path, sorted query, body
+    state             text        NOT NULL
+                      CHECK (state IN ('in_flight', 'completed', 'outcome_unknown')),
+    owner             text,                  -- gateway instance holding the in-flight lease
+    locked_until      timestamptz,           -- end of that lease
+    attempt           integer     NOT NULL DEFAULT 1,
+    entity            text,
+    fence             bigint,
+    response_status   integer,
+    response_headers  jsonb,                 -- [[name, value], ...] as replayed
+    response_body     bytea,
+    response_sha256   text,
+    body_too_large    boolean     NOT NULL DEFAULT false,
+    created_at        timestamptz NOT NULL DEFAULT now(),
+    completed_at      timestamptz,
+    expires_at        timestamptz NOT NULL,
+    PRIMARY KEY (tenant, key)
+);
+
+CREATE INDEX idempotency_keys_expires_at ON idempotency_keys (expires_at);
+
+CREATE TABLE fences (
+    tenant         text        NOT NULL,
+    entity         text        NOT NULL,
+    last_accepted  bigint      NOT NULL CHECK (last_accepted >= 0),
+    updated_at     timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (tenant, entity)
+);
+
+CREATE INDEX fences_updated_at ON fences (updated_at);
+
+CREATE TABLE signature_nonces (
+    key_id      text        NOT NULL,
+    nonce       text        NOT NULL,
+    expires_at  timestamptz NOT NULL,
+    PRIMARY KEY (key_id, nonce)
+);
+
+CREATE INDEX signature_nonces_expires_at ON signature_nonces (expires_at);
+
+-- Steps 3 and 4 of the decision order in one transaction and one round trip.
+-- d_outcome: stale | fence_only | reserved | taken_over | retry_unknown
+--            | replay | mismatch | in_flight | unknown
+CREATE FUNCTION fencegate_decide(
+    p_tenant text,
+    p_key text,
+    p_fingerprint text,
+    p_entity text,
+    p_fence bigint,
+    p_owner text,
+    p_lease_seconds double precision,
+    p_ttl_seconds double precision,
+    p_retry_unknown boolean
+) RETURNS TABLE (
+    d_outcome text,
+    d_last_accepted bigint,
+    d_attempt integer,
+    d_retry_after double precision,
+    d_response_status integer,
+    d_response_headers text,
+    d_response_body bytea,
+    d_response_sha256 text,
+    d_body_too_large boolean
+) LANGUAGE plpgsql AS $$
+DECLARE
+    v_last bigint;
+    v_row idempotency_keys%ROWTYPE;
+    v_attempt integer;
+    v_found boolean := false;
+BEGIN
+    IF p_fence IS NOT NULL THEN
+        -- The WHERE makes a stale fence a no-op: nothing is stored for it.
+        INSERT INTO fences AS f (tenant, entity, last_accepted, updated_at)
+        VALUES (p_tenant, p_entity, p_fence, now())
+        ON CONFLICT (tenant, entity) DO UPDATE
+            SET last_accepted = EXCLUDED.last_accepted, updated_at = now()
+            WHERE f.last_accepted <= EXCLUDED.last_accepted
+        RETURNING f.last_accepted INTO v_last;
+        IF NOT FOUND THEN
+            SELECT f.last_accepted INTO v_last
+            FROM fences f WHERE f.tenant = p_tenant AND f.entity = p_entity;
+            RETURN QUERY SELECT 'stale'::text, v_last, NULL::integer, NULL::double precision,
+                NULL::integer, NULL::text, NULL::bytea, NULL::text, NULL::boolean;
+            RETURN;
+        END IF;
+    END IF;
+
+    IF p_key IS NULL THEN
+        RETURN QUERY SELECT 'fence_only'::text, v_last, NULL::integer, NULL::double precision,
+            NULL::integer, NULL::text, NULL::bytea, NULL::text, NULL::boolean;
+        RETURN;
+    END IF;
+
+    -- A concurrent release can delete the row between the insert and the lock: try again.
+    FOR i IN 1..5 LOOP
+        INSERT INTO idempotency_keys AS k (
+            tenant, key, fingerprint, state, owner, locked_until, attempt, entity, fence,
+            created_at, expires_at)
+        VALUES (
+            p_tenant, p_key, p_fingerprint, 'in_flight', p_owner,
+            now() + make_interval(secs => p_lease_seconds), 1, p_entity, p_fence,
+            now(), now() + make_interval(secs => p_ttl_seconds))
+        ON CONFLICT (tenant, key) DO NOTHING;
+        IF FOUND THEN
+            RETURN QUERY SELECT 'reserved'::text, v_last, 1, NULL::double precision,
+                NULL::integer, NULL::text, NULL::bytea, NULL::text, NULL::boolean;
+            RETURN;
+        END IF;
+        SELECT * INTO v_row FROM idempotency_keys k
+        WHERE k.tenant = p_tenant AND k.key = p_key
+        FOR UPDATE;
+        IF FOUND THEN
+            v_found := true;
+            EXIT;
+        END IF;
+    END LOOP;
+    IF NOT v_found THEN
+        RAISE EXCEPTION 'idempotency key % kept changing under concurrent updates', p_key
+            USING ERRCODE = '40001';
+    END IF;
+
+    IF v_row.expires_at <= now() THEN
+        -- Expired but not yet purged: the key is free again.
+        UPDATE idempotency_keys k
+        SET fingerprint = p_fingerprint, state = 'in_flight', owner = p_owner,
+            locked_until = now() + make_interval(secs => p_lease_seconds), attempt = 1,
+            entity = p_entity, fence = p_fence, response_status = NULL,
+            response_headers = NULL, response_body = NULL, response_sha256 = NULL,
+            body_too_large = false, created_at = now(), completed_at = NULL,
+            expires_at = now() + make_interval(secs => p_ttl_seconds)
+        WHERE k.tenant = p_tenant AND k.key = p_key;
+        RETURN QUERY SELECT 'reserved'::text, v_last, 1, NULL::double precision,
+            NULL::integer, NULL::text, NULL::bytea, NULL::text, NULL::boolean;
+        RETURN;
+    END IF;
+
+    IF v_row.fingerprint <> p_fingerprint THEN
+        RETURN QUERY SELECT 'mismatch'::text, v_last, v_row.attempt, NULL::double precision,
+            NULL::integer, NULL::text, NULL::bytea, NULL::text, NULL::boolean;
+        RETURN;
+    END IF;
+
+    IF v_row.state = 'completed' THEN
+        RETURN QUERY SELECT 'replay'::text, v_last, v_row.attempt, NULL::double precision,
+            v_row.response_status, v_row.response_headers::text, v_row.response_body,
+            v_row.response_sha256, v_row.body_too_large;
+        RETURN;
+    END IF;
+
+    IF v_row.state = 'in_flight' AND v_row.locked_until > now() THEN
+        RETURN QUERY SELECT 'in_flight'::text, v_last, v_row.attempt,
+            extract(epoch FROM v_row.locked_until - now())::double precision,
+            NULL::integer, NULL::text, NULL::bytea, NULL::text, NULL::boolean;
+        RETURN;
+    END IF;
+
+    IF v_row.state = 'outcome_unknown' AND NOT p_retry_unknown THEN
+        RETURN QUERY SELECT 'unknown'::text, v_last, v_row.attempt, NULL::double precision,
+            NULL::integer, NULL::text, NULL::bytea, NULL::text, NULL::boolean;
+        RETURN;
+    END IF;
+
+    UPDATE idempotency_keys k
+    SET state = 'in_flight', owner = p_owner,
+        locked_until = now() + make_interval(secs => p_lease_seconds),
+        attempt = k.attempt + 1, entity = p_entity, fence = p_fence
+    WHERE k.tenant = p_tenant AND k.key = p_key
+    RETURNING k.attempt INTO v_attempt;
+    RETURN QUERY SELECT
+        (CASE WHEN v_row.state = 'in_flight' THEN 'taken_over' ELSE 'retry_unknown' END)::text,
+        v_last, v_attempt, NULL::double precision,
+        NULL::integer, NULL::text, NULL::bytea, NULL::text, NULL::boolean;
+END;
+$$;
