@@ -1,0 +1,348 @@
+"""Signed requests through a real `fencegate serve --keys` process in front of a real
+upstream that counts what it executes."""
+
+from __future__ import annotations
+
+import base64
+import datetime
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ed25519
+from http_message_signatures import ContentDigest
+
+from fencegate.signatures import HttpSigner
+from tests.support.gateway import GatewayProcess
+from tests.support.upstream import UpstreamProcess
+
+ACME_SECRET = bytes(range(32))
+GLOBEX_SECRET = bytes(range(64, 96))
+ACME_ED = ed25519.Ed25519PrivateKey.from_private_bytes(bytes(range(128, 160)))
+PATH = "/v1/cases"
+
+ACME = HttpSigner(key_id="acme-2026-01", secret=ACME_SECRET)
+ACME_NEW = HttpSigner(key_id="acme-2026-07", private_key=ACME_ED)
+GLOBEX = HttpSigner(key_id="globex-1", secret=GLOBEX_SECRET)
+
+
+def write_keys(directory: Path) -> Path:
+    (directory / "acme.secret").write_text(base64.b64encode(ACME_SECRET).decode() + "\n")
+    public = ACME_ED.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    (directory / "acme-2026-07.pub").write_bytes(public)
+    keys = directory / "keys.toml"
+    keys.write_text(
+        f"""
+[[keys]]
+id = "acme-2026-01"
+tenant = "acme"
+alg = "hmac-sha256"
+secret_file = "acme.secret"
+
+[[keys]]
+id = "acme-2026-07"
+tenant = "acme"
+alg = "ed25519"
+public_key_file = "acme-2026-07.pub"
+
+[[keys]]
+id = "globex-1"
+tenant = "globex"
+alg = "hmac-sha256"
+secret = "{base64.b64encode(GLOBEX_SECRET).decode()}"
+"""
+    )
+    return keys
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[UpstreamProcess]:
+    with UpstreamProcess() as process:
+        yield process
+
+
+def start_gateway(upstream: UpstreamProcess, directory: Path, database_url: str) -> GatewayProcess:
+    return GatewayProcess(
+        upstream=upstream.url,
+        database_url=database_url,
+        extra_args=["--keys", str(write_keys(directory))],
+    )
+
+
+@pytest.fixture(scope="module")
+def gateway(
+    upstream: UpstreamProcess, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[GatewayProcess]:
+    directory = tmp_path_factory.mktemp("signing-gateway")
+    with start_gateway(upstream, directory, f"sqlite:///{directory / 'gateway.db'}") as process:
+        yield process
+
+
+@pytest.fixture
+def client(gateway: GatewayProcess) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=gateway.url, timeout=30) as http:
+        yield http
+
+
+def fence_headers(key: str, *, fence: int = 1, entity: str | None = None) -> dict[str, str]:
+    # One entity per key unless a test shares one on purpose: the gateway is shared.
+    return {
+        "Idempotency-Key": key,
+        "X-Execution-Fence": str(fence),
+        "X-Execution-Entity": entity or f"entity:{key}",
+        "Content-Type": "application/json",
+    }
+
+
+def send(
+    client: httpx.Client,
+    headers: dict[str, str],
+    body: bytes,
+    *,
+    method: str = "POST",
+    path: str = PATH,
+) -> httpx.Response:
+    return client.request(method, path, headers=headers, content=body)
+
+
+def signed_send(
+    client: httpx.Client,
+    signer: HttpSigner,
+    key: str,
+    *,
+    body: bytes = b'{"title":"refund"}',
+    **fence: Any,
+) -> httpx.Response:
+    headers = fence_headers(key, **fence)
+    signer.sign("POST", str(client.base_url) + PATH, headers, body)
+    return send(client, headers, body)
+
+
+def problem_kind(response: httpx.Response) -> str:
+    assert response.headers["content-type"] == "application/problem+json"
+    body = response.json()
+    assert body["status"] == response.status_code
+    return str(body["type"]).rsplit("/", 1)[-1]
+
+
+@pytest.mark.parametrize("signer", [ACME, ACME_NEW], ids=["hmac-sha256", "ed25519"])
+def test_round_trip_with_each_algorithm(
+    client: httpx.Client, upstream: UpstreamProcess, signer: HttpSigner
+) -> None:
+    key = f"round-trip:{signer.alg}"
+    response = signed_send(client, signer, key)
+    assert response.status_code == 200, response.text
+    assert upstream.count(key) == 1
+    forwarded = {name for name, _ in response.json()["headers"]}
+    # Verified signature headers are not forwarded; the digest and fence headers are.
+    assert "signature" not in forwarded and "signature-input" not in forwarded
+    assert {"content-digest", "idempotency-key", "x-execution-fence"} <= forwarded
+
+    retried = signed_send(client, signer, key)  # a retry signs afresh: same key, new nonce
+    assert retried.status_code == 200
+    assert retried.headers.get("idempotent-replayed") == "true"
+    assert upstream.count(key) == 1
+
+
+Cheat = Callable[[str, dict[str, str], bytes], tuple[str, dict[str, str], bytes]]
+
+
+def _sign(signer: HttpSigner, url: str, headers: dict[str, str], body: bytes, **kw: Any) -> None:
+    signer.prepare_and_sign("POST", url, headers, body, **kw)
+
+
+def _ago(seconds: float) -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC) - datetime.timedelta(seconds=seconds)
+
+
+def no_signature(
+    url: str, headers: dict[str, str], body: bytes
+) -> tuple[str, dict[str, str], bytes]:
+    return url, headers, body
+
+
+def wrong_secret(
+    url: str, headers: dict[str, str], body: bytes
+) -> tuple[str, dict[str, str], bytes]:
+    _sign(HttpSigner(key_id=ACME.key_id, secret=GLOBEX_SECRET), url, headers, body)
+    return url, headers, body
+
+
+def unknown_key(
+    url: str, headers: dict[str, str], body: bytes
+) -> tuple[str, dict[str, str], bytes]:
+    _sign(HttpSigner(key_id="acme-2025-01", secret=ACME_SECRET), url, headers, body)
+    return url, headers, body
+
+
+def body_changed(
+    url: str, headers: dict[str, str], body: bytes
+) -> tuple[str, dict[str, str], bytes]:
+    _sign(ACME, url, headers, body)
+    return url, headers, b'{"title":"refund","amount":1000000}'
+
+
+def digest_header_changed(
+    url: str, headers: dict[str, str], body: bytes
+) -> tuple[str, dict[str, str], bytes]:
+    _sign(ACME, url, headers, body)
+    forged = b'{"title":"refund","amount":1000000}'
+    headers["Content-Digest"] = ContentDigest.create(forged)
+    return url, headers, forged
+
+
+def fence_changed(
+    url: str, headers: dict[str, str], body: bytes
+) -> tuple[str, dict[str, str], bytes]:
+    _sign(ACME, url, headers, body)
+    headers["X-Execution-Fence"] = str(int(headers["X-Execution-Fence"]) + 1000)
+    return url, headers, body
+
+
+def entity_changed(
+    url: str, headers: dict[str, str], body: bytes
+) -> tuple[str, dict[str, str], bytes]:
+    _sign(ACME, url, headers, body)
+    headers["X-Execution-Entity"] = "customer:c-9999"
+    return url, headers, body
+
+
+def target_uri_changed(
+    url: str, headers: dict[str, str], body: bytes
+) -> tuple[str, dict[str, str], bytes]:
+    _sign(ACME, url, headers, body)
+    return url.replace(PATH, "/v1/refunds"), headers, body
+
+
+def too_old(url: str, headers: dict[str, str], body: bytes) -> tuple[str, dict[str, str], bytes]:
+    _sign(ACME, url, headers, body, created=_ago(120))
+    return url, headers, body
+
+
+def in_the_future(
+    url: str, headers: dict[str, str], body: bytes
+) -> tuple[str, dict[str, str], bytes]:
+    _sign(ACME, url, headers, body, created=_ago(-60))
+    return url, headers, body
+
+
+def component_omitted(
+    url: str, headers: dict[str, str], body: bytes
+) -> tuple[str, dict[str, str], bytes]:
+    fence = headers.pop("X-Execution-Fence")
+    _sign(ACME, url, headers, body)
+    headers["X-Execution-Fence"] = fence  # sent, but not covered by the signature
+    return url, headers, body
+
+
+@pytest.mark.parametrize(
+    ("cheat", "kind"),
+    [
+        (no_signature, "signature-missing"),
+        (wrong_secret, "signature-invalid"),
+        (unknown_key, "unknown-key"),
+        (body_changed, "digest-mismatch"),
+        (digest_header_changed, "signature-invalid"),
+        (fence_changed, "signature-invalid"),
+        (entity_changed, "signature-invalid"),
+        (target_uri_changed, "signature-invalid"),
+        (too_old, "signature-expired"),
+        (in_the_future, "signature-expired"),
+        (component_omitted, "component-missing"),
+    ],
+    ids=lambda value: getattr(value, "__name__", value),
+)
+def test_each_way_to_cheat_is_refused_before_the_upstream(
+    client: httpx.Client, upstream: UpstreamProcess, cheat: Cheat, kind: str
+) -> None:
+    key = f"cheat:{kind}:{cheat.__name__}"
+    before = upstream.total_requests()
+    url, headers, body = cheat(
+        str(client.base_url) + PATH, fence_headers(key, fence=7), b'{"title":"refund"}'
+    )
+    response = client.post(url, headers=headers, content=body)
+    assert response.status_code == 401, response.text
+    assert problem_kind(response) == kind
+    assert upstream.total_requests() == before
+    assert upstream.count(key) == 0
+    # Nothing was stored either: the honest request with the same key runs once, now.
+    honest = signed_send(client, ACME, key, fence=7)
+    assert honest.status_code == 200, honest.text
+    assert "idempotent-replayed" not in honest.headers
+    assert upstream.count(key) == 1
+
+
+def test_the_same_signed_request_sent_twice_is_refused(
+    client: httpx.Client, upstream: UpstreamProcess
+) -> None:
+    key = "cheat:replay"
+    headers = fence_headers(key)
+    body = b'{"title":"refund"}'
+    ACME.sign("POST", str(client.base_url) + PATH, headers, body)
+    assert send(client, headers, body).status_code == 200
+    before = upstream.total_requests()
+    replay = send(client, dict(headers), body)
+    assert replay.status_code == 401
+    assert problem_kind(replay) == "nonce-replayed"
+    assert upstream.total_requests() == before
+
+
+def test_tenants_with_the_same_key_and_entity_are_independent(
+    client: httpx.Client, upstream: UpstreamProcess
+) -> None:
+    key, entity = "tool-job:shared:create_case", "customer:shared"
+    first = signed_send(client, ACME, key, fence=50, entity=entity)
+    assert first.status_code == 200, first.text
+    assert first.json()["execution"] == 1
+    # Globex's own request, same key and entity, lower fence: neither a replay nor stale.
+    other = signed_send(client, GLOBEX, key, fence=5, entity=entity)
+    assert other.status_code == 200, other.text
+    assert "idempotent-replayed" not in other.headers
+    assert other.json()["execution"] == 2
+    assert upstream.count(key) == 2
+    # Acme's own fence still holds for acme ...
+    stale = signed_send(client, ACME, key + ":next", fence=5, entity=entity)
+    assert stale.status_code == 412
+    assert problem_kind(stale) == "stale-fence"
+    # ... and globex keeps its own lineage, replays included.
+    assert signed_send(client, GLOBEX, key + ":next", fence=6, entity=entity).status_code == 200
+    replay = signed_send(client, GLOBEX, key, fence=6, entity=entity)
+    assert replay.headers.get("idempotent-replayed") == "true"
+    assert replay.json()["execution"] == 2
+    assert upstream.count(key) == 2
+
+
+def test_rotation_old_and_new_key_are_one_tenant(
+    client: httpx.Client, upstream: UpstreamProcess
+) -> None:
+    key = "rotation:create_case"
+    old = signed_send(client, ACME, key, fence=3, entity="rotation")
+    assert old.status_code == 200, old.text
+    new = signed_send(client, ACME_NEW, key, fence=3, entity="rotation")
+    assert new.status_code == 200, new.text
+    # The new key speaks for the same tenant: it sees the old key's record.
+    assert new.headers.get("idempotent-replayed") == "true"
+    assert upstream.count(key) == 1
+    stale = signed_send(client, ACME_NEW, "rotation:other", fence=2, entity="rotation")
+    assert stale.status_code == 412
+
+
+async def test_round_trip_and_replay_on_postgresql(
+    pg_url: str, upstream: UpstreamProcess, tmp_path: Path
+) -> None:
+    with start_gateway(upstream, tmp_path, pg_url) as gateway:
+        async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as http:
+            headers = fence_headers("pg:round-trip")
+            body = b'{"title":"refund"}'
+            ACME_NEW.sign("POST", gateway.url + PATH, headers, body)
+            first = await http.post(PATH, headers=headers, content=body)
+            assert first.status_code == 200, first.text
+            again = await http.post(PATH, headers=headers, content=body)
+            assert again.status_code == 401
+            assert problem_kind(again) == "nonce-replayed"
+    assert upstream.count("pg:round-trip") == 1
