@@ -90,7 +90,8 @@ inserted AS (
     INSERT INTO fencegate_jobs (kind, payload, idempotency_key, max_attempts, lease_seconds,
                                 heartbeat_seconds, jitter_seconds, stage_timeout_seconds,
                                 tool_timeout_seconds, run_after)
-    SELECT kind, payload, idempotency_key, max_attempts, lease_seconds, heartbeat_seconds,
+    SELECT kind, COALESCE(payload, 'null'::jsonb), idempotency_key, max_attempts,
+           lease_seconds, heartbeat_seconds,
            jitter_seconds, stage_timeout_seconds, tool_timeout_seconds,
            now() + make_interval(secs => run_after_seconds)
       FROM input
