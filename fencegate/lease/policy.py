@@ -101,7 +101,8 @@ def backoff_seconds(
     Exponential and capped, with "equal jitter": between half and all of the exponential
     step, so retries of many jobs that failed together spread out but still back off.
     """
-    step = min(cap, base * 2.0 ** max(attempt - 1, 0))
+    # The exponent is bounded so that a job with thousands of attempts cannot overflow.
+    step = min(cap, base * 2.0 ** min(max(attempt - 1, 0), 64))
     return step * jitter_factor(rng)
 
 
