@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import base64
 import datetime
+import hashlib
+import hmac
+import os
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import httpx
 import pytest
 from cryptography.hazmat.primitives import serialization
@@ -16,6 +21,8 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 from http_message_signatures import ContentDigest
 
 from fencegate.signatures import HttpSigner
+from tests.lease.test_client import KEY as JOB_KEY
+from tests.lease.test_client import make_job
 from tests.support.gateway import GatewayProcess
 from tests.support.upstream import UpstreamProcess
 
@@ -346,3 +353,68 @@ async def test_round_trip_and_replay_on_postgresql(
             assert again.status_code == 401
             assert problem_kind(again) == "nonce-replayed"
     assert upstream.count("pg:round-trip") == 1
+
+
+async def test_worker_clients_sign_automatically(
+    gateway: GatewayProcess, upstream: UpstreamProcess
+) -> None:
+    """The job's aiohttp and httpx clients sign what they send; the gateway accepts it."""
+    async with aiohttp.ClientSession() as session:
+        job = make_job(session, signer=ACME_NEW)
+        path = "/v1/cases/c-1048/notes?lang=en&tag=a%20b"
+        response = await job.http(entity="worker:aiohttp").post(
+            gateway.url + path, json={"note": "called back"}, step="aiohttp"
+        )
+        assert response.status == 200, await response.text()
+        async with httpx.AsyncClient(auth=job.httpx_auth(entity="worker:httpx")) as client:
+            answer = await client.post(
+                gateway.url + path, json={"note": "x"}, extensions={"fencegate_step": "httpx"}
+            )
+        assert answer.status_code == 200, answer.text
+    assert upstream.count(f"{JOB_KEY}:aiohttp") == 1
+    assert upstream.count(f"{JOB_KEY}:httpx") == 1
+
+
+def test_a_signer_written_from_the_documented_recipe_is_accepted(
+    client: httpx.Client, upstream: UpstreamProcess
+) -> None:
+    """What another language does: build the base by hand, HMAC it with the standard library."""
+    created, nonce = int(time.time()), "doc-recipe-" + os.urandom(6).hex()
+    body = b'{"title":"refund"}'
+    digest = "sha-256=:" + base64.b64encode(hashlib.sha256(body).digest()).decode() + ":"
+    target = f"{client.base_url}".rstrip("/") + PATH + "?source=go"
+    components = (
+        '("@method" "@target-uri" "content-digest" '
+        '"idempotency-key" "x-execution-fence" "x-execution-entity")'
+    )
+    params = (
+        f'{components};created={created};keyid="{ACME.key_id}";alg="hmac-sha256";nonce="{nonce}"'
+    )
+    base = (
+        '"@method": POST\n'
+        f'"@target-uri": {target}\n'
+        f'"content-digest": {digest}\n'
+        '"idempotency-key": recipe:1\n'
+        '"x-execution-fence": 9\n'
+        '"x-execution-entity": invoice:inv-1042\n'
+        f'"@signature-params": {params}'
+    )
+    mac = hmac.new(ACME_SECRET, base.encode("ascii"), hashlib.sha256).digest()
+    headers = {
+        "Idempotency-Key": "recipe:1",
+        "X-Execution-Fence": "9",
+        "X-Execution-Entity": "invoice:inv-1042",
+        "Content-Digest": digest,
+        "Signature-Input": f"sig1={params}",
+        "Signature": f"sig1=:{base64.b64encode(mac).decode()}:",
+    }
+    response = client.post(PATH + "?source=go", headers=headers, content=body)
+    assert response.status_code == 200, response.text
+    assert upstream.count("recipe:1") == 1
+
+
+def test_secrets_never_reach_the_gateway_log(gateway: GatewayProcess) -> None:
+    log = gateway.log_text()
+    assert "signatures required: 3 keys for 2 tenants" in log
+    for secret in (ACME_SECRET, GLOBEX_SECRET):
+        assert base64.b64encode(secret).decode() not in log
