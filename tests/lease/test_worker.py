@@ -1,0 +1,256 @@
+"""The Worker on both stores: success, retries and backoff, permanent errors, exhausted
+attempts, tool timeouts, cancellation, stages, graceful shutdown, waking on new work."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from fencegate.lease import LeaseQueue, WorkClass
+from fencegate.lease.events import EventLog, digest
+from fencegate.lease.job import JobContext
+from fencegate.lease.metrics import WorkerMetrics
+from fencegate.lease.worker import PermanentError, Worker
+from tests.lease.worker_helpers import SHORT, names, running, wait_for_state, wait_until
+
+
+@pytest.fixture
+async def queue(store_url: str) -> AsyncIterator[LeaseQueue]:
+    q = await LeaseQueue.connect(store_url)
+    try:
+        yield q
+    finally:
+        await q.close()
+
+
+def make_worker(store_url: str, tools: dict[str, Any], **options: Any) -> Worker:
+    options.setdefault("events", EventLog())
+    options.setdefault("metrics", WorkerMetrics(registry=CollectorRegistry()))
+    options.setdefault("worker_id", "w1")
+    options.setdefault("grace_seconds", 5.0)
+    return Worker(store_url, tools=tools, **options)
+
+
+async def test_runs_jobs_and_commits_results(store_url: str, queue: LeaseQueue) -> None:
+    async def double(job: JobContext) -> dict[str, int]:
+        return {"double": job.payload["n"] * 2}
+
+    ids = [
+        await queue.enqueue("double", {"n": n}, idempotency_key=f"double:{n}", **SHORT)
+        for n in range(6)
+    ]
+    worker = make_worker(store_url, {"double": double}, concurrency=3)
+    await asyncio.wait_for(worker.run_until_idle(), 60)
+    for n, job_id in enumerate(ids):
+        job = await queue.get(job_id)
+        assert (job.state, job.result, job.attempt) == ("succeeded", {"double": n * 2}, 1)
+    committed = worker.events.named("result_committed")
+    assert len(committed) == 6
+    assert {e["result_sha256"] for e in committed} == {digest({"double": n * 2}) for n in range(6)}
+    claimed = worker.events.named("job_claimed")
+    assert all("payload" not in e for e in claimed)
+
+
+async def test_retries_with_backoff_then_succeeds(store_url: str, queue: LeaseQueue) -> None:
+    calls: list[int] = []
+
+    async def flaky(job: JobContext) -> str:
+        calls.append(job.attempt)
+        if job.attempt < 3:
+            raise ConnectionError("provider answered 503")
+        return "ok"
+
+    job_id = await queue.enqueue("flaky", {}, idempotency_key="flaky:1", **SHORT)
+    fast = WorkClass(kind="flaky", backoff_base_seconds=0.05, backoff_max_seconds=0.2, **SHORT)
+    worker = make_worker(store_url, {"flaky": flaky}, work_classes=[fast], poll_seconds=0.2)
+    async with running(worker):
+        job = await wait_for_state(queue, job_id, "succeeded", "failed")
+    assert (job.state, job.attempt, calls) == ("succeeded", 3, [1, 2, 3])
+    retries = worker.events.named("retry_scheduled")
+    assert [e["attempt"] for e in retries] == [1, 2]
+    assert retries[0]["error"] == "ConnectionError"
+    history = await queue.attempts(job_id)
+    assert [a.outcome for a in history] == ["retry_scheduled", "retry_scheduled", "succeeded"]
+    assert [a.fencing_token for a in history] == sorted({a.fencing_token for a in history})
+
+
+async def test_exhausted_attempts_end_failed(store_url: str, queue: LeaseQueue) -> None:
+    async def broken(job: JobContext) -> None:
+        raise RuntimeError("still broken")
+
+    job_id = await queue.enqueue("broken", {}, idempotency_key="broken:1", max_attempts=2, **SHORT)
+    fast = WorkClass(kind="broken", backoff_base_seconds=0.05, backoff_max_seconds=0.1, **SHORT)
+    worker = make_worker(store_url, {"broken": broken}, work_classes=[fast], poll_seconds=0.2)
+    async with running(worker):
+        job = await wait_for_state(queue, job_id, "failed", "succeeded")
+    assert (job.state, job.attempt) == ("failed", 2)
+    assert job.error["type"] == "RuntimeError"
+    assert names(worker.events.for_job(job_id)).count("retry_scheduled") == 1
+    [failed] = worker.events.named("job_failed")
+    assert failed["attempt"] == 2
+
+
+async def test_permanent_errors_are_not_retried(store_url: str, queue: LeaseQueue) -> None:
+    calls = 0
+
+    async def reject(job: JobContext) -> None:
+        nonlocal calls
+        calls += 1
+        raise PermanentError("card declined: do not retry")
+
+    job_id = await queue.enqueue("reject", {}, idempotency_key="reject:1", **SHORT)
+    worker = make_worker(store_url, {"reject": reject})
+    await asyncio.wait_for(worker.run_until_idle(), 60)
+    job = await queue.get(job_id)
+    assert (job.state, job.attempt, calls) == ("failed", 1, 1)
+    assert job.error == {"type": "PermanentError", "message": "card declined: do not retry"}
+    [failed] = worker.events.named("job_failed")
+    assert failed["permanent"] is True
+    assert worker.events.named("retry_scheduled") == []
+
+
+async def test_tool_timeout_cancels_a_live_but_useless_tool(
+    store_url: str, queue: LeaseQueue
+) -> None:
+    async def hangs_first_time(job: JobContext) -> str:
+        if job.attempt == 1:
+            await asyncio.sleep(60)
+        return "done"
+
+    job_id = await queue.enqueue(
+        "hang", {}, idempotency_key="hang:1", tool_timeout_seconds=0.5, **SHORT
+    )
+    fast = WorkClass(
+        kind="hang",
+        backoff_base_seconds=0.05,
+        backoff_max_seconds=0.1,
+        tool_timeout_seconds=0.5,
+        **SHORT,
+    )
+    worker = make_worker(store_url, {"hang": hangs_first_time}, work_classes=[fast])
+    async with running(worker):
+        job = await wait_for_state(queue, job_id, "succeeded", "failed")
+    assert (job.state, job.attempt, job.result) == ("succeeded", 2, "done")
+    [timeout] = worker.events.named("tool_timeout")
+    assert timeout["token"] < job.fencing_token
+    assert names(worker.events.for_job(job_id)).index("tool_timeout") < names(
+        worker.events.for_job(job_id)
+    ).index("retry_scheduled")
+
+
+async def test_cancel_stops_a_running_job(store_url: str, queue: LeaseQueue) -> None:
+    started = asyncio.Event()
+    finished_normally = False
+
+    async def long_call(job: JobContext) -> str:
+        nonlocal finished_normally
+        started.set()
+        await asyncio.sleep(60)
+        finished_normally = True
+        return "never"
+
+    job_id = await queue.enqueue("long", {}, idempotency_key="long:1", **SHORT)
+    worker = make_worker(store_url, {"long": long_call})
+    async with running(worker):
+        await asyncio.wait_for(started.wait(), 30)
+        assert await queue.cancel(job_id, reason="operator: customer withdrew")
+        await wait_until(
+            lambda: worker.events.named("result_rejected"), what="result_rejected", timeout=30
+        )
+    job = await queue.get(job_id)
+    assert job.state == "cancelled" and not finished_normally
+    [lost] = worker.events.named("heartbeat_lost")
+    assert (lost["reason"], lost["job_state"]) == ("zero_rows", "cancelled")
+    assert worker.events.named("result_committed") == []
+
+
+async def test_stages_run_once_per_job_across_attempts(store_url: str, queue: LeaseQueue) -> None:
+    fetched = 0
+
+    async def fetch_statement() -> dict[str, int]:
+        nonlocal fetched
+        fetched += 1
+        return {"lines": 12}
+
+    async def report(job: JobContext) -> dict[str, Any]:
+        statement = await job.stage("fetch_statement", fetch_statement)
+        if job.attempt == 1:
+            raise ConnectionError("review service down")
+        draft = await job.stage("draft", lambda: {"pages": statement["lines"] // 4})
+        return {"draft": draft}
+
+    job_id = await queue.enqueue("report", {}, idempotency_key="report:1", **SHORT)
+    fast = WorkClass(kind="report", backoff_base_seconds=0.05, backoff_max_seconds=0.1, **SHORT)
+    worker = make_worker(store_url, {"report": report}, work_classes=[fast])
+    async with running(worker):
+        job = await wait_for_state(queue, job_id, "succeeded", "failed")
+    assert (job.state, job.attempt, job.result) == ("succeeded", 2, {"draft": {"pages": 3}})
+    assert fetched == 1
+    skipped = worker.events.named("stage_skipped")
+    assert [(e["stage"], e["token"]) for e in skipped] == [("fetch_statement", job.fencing_token)]
+
+
+async def test_stage_timeout_is_separate_from_the_lease(store_url: str, queue: LeaseQueue) -> None:
+    async def stuck_browser(job: JobContext) -> str:
+        await job.stage("wait_for_modal", lambda: asyncio.sleep(60), timeout=0.3)
+        return "unreachable"
+
+    job_id = await queue.enqueue("browse", {}, idempotency_key="browse:1", max_attempts=1, **SHORT)
+    worker = make_worker(store_url, {"browse": stuck_browser})
+    await asyncio.wait_for(worker.run_until_idle(), 60)
+    job = await queue.get(job_id)
+    assert (job.state, job.error["type"]) == ("failed", "StageTimeout")
+    assert names(worker.events.for_job(job_id))[:3] == [
+        "job_claimed",
+        "stage_timeout",
+        "tool_failed",
+    ]
+
+
+async def test_graceful_stop_releases_what_cannot_finish(store_url: str, queue: LeaseQueue) -> None:
+    started = asyncio.Event()
+
+    async def slow(job: JobContext) -> str:
+        if job.payload == "quick":
+            return "quick done"
+        started.set()
+        await asyncio.sleep(60)
+        return "never"
+
+    slow_id = await queue.enqueue("slow", "slow", idempotency_key="slow:1", **SHORT)
+    worker = make_worker(store_url, {"slow": slow}, grace_seconds=0.5)
+    task = asyncio.create_task(worker.run())
+    await asyncio.wait_for(started.wait(), 30)
+    worker.stop()
+    await asyncio.wait_for(task, 30)
+    job = await queue.get(slow_id)
+    assert (job.state, job.owner_id) == ("queued", None)
+    [released] = worker.events.named("job_released")
+    assert released["released"] is True
+    # Released work does not use up an attempt: the next owner still has all of them.
+    [lease] = await queue.claim("w2", kinds=["slow"], limit=1)
+    assert lease.attempt == 1 and lease.fencing_token > released["token"]
+
+
+async def test_wakes_on_new_work_without_waiting_for_the_poll(
+    store_url: str, queue: LeaseQueue
+) -> None:
+    done = asyncio.Event()
+
+    async def note(job: JobContext) -> None:
+        done.set()
+
+    # A poll this long would make the test time out: only the wake-up can finish it.
+    worker = make_worker(store_url, {"note": note}, poll_seconds=300.0)
+    async with running(worker):
+        await wait_until(lambda: worker.events.named("worker_started"), what="start")
+        await asyncio.sleep(0.3)  # let the worker settle into waiting
+        began = time.monotonic()
+        await queue.enqueue("note", {}, idempotency_key="note:1", **SHORT)
+        await asyncio.wait_for(done.wait(), 60)
+    assert time.monotonic() - began < 300.0

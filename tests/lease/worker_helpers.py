@@ -1,0 +1,50 @@
+"""Small helpers for the worker tests: run a worker in the background, wait for a job state
+(bounded in time), short intervals that satisfy the lease rule."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fencegate.lease import Job, LeaseQueue
+from fencegate.lease.worker import Worker
+
+# lease 2 s > 1 x heartbeat 0.5 s + jitter 0.5 s
+SHORT = {"lease_seconds": 2.0, "heartbeat_seconds": 0.5, "jitter_seconds": 0.5}
+
+
+@contextlib.asynccontextmanager
+async def running(worker: Worker, *, timeout: float = 30.0) -> AsyncIterator[Worker]:
+    task = asyncio.create_task(worker.run())
+    try:
+        yield worker
+    finally:
+        worker.stop()
+        await asyncio.wait_for(task, timeout)
+
+
+async def wait_for_state(
+    queue: LeaseQueue, job_id: int, *states: str, timeout: float = 30.0
+) -> Job:
+    deadline = asyncio.get_running_loop().time() + timeout
+    job = await queue.get(job_id)
+    while job.state not in states:
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"job {job_id} still {job.state} after {timeout}s, not {states}")
+        await asyncio.sleep(0.05)
+        job = await queue.get(job_id)
+    return job
+
+
+async def wait_until(predicate: Any, *, timeout: float = 30.0, what: str = "condition") -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"{what} not reached after {timeout}s")
+        await asyncio.sleep(0.02)
+
+
+def names(events: list[dict[str, Any]]) -> list[str]:
+    return [e["event"] for e in events]
