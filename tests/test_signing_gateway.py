@@ -3,11 +3,13 @@ upstream that counts what it executes."""
 
 from __future__ import annotations
 
+import argparse
 import base64
 import datetime
 import hashlib
 import hmac
 import os
+import shlex
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,6 +22,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 from http_message_signatures import ContentDigest
 
+from fencegate.commands import sign as sign_command
 from fencegate.signatures import HttpSigner
 from tests.lease.test_client import KEY as JOB_KEY
 from tests.lease.test_client import make_job
@@ -418,3 +421,27 @@ def test_secrets_never_reach_the_gateway_log(gateway: GatewayProcess) -> None:
     assert "signatures required: 3 keys for 2 tenants" in log
     for secret in (ACME_SECRET, GLOBEX_SECRET):
         assert base64.b64encode(secret).decode() not in log
+
+
+def test_the_curl_line_from_fencegate_sign_goes_through(
+    client: httpx.Client,
+    upstream: UpstreamProcess,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    secret = tmp_path / "acme.secret"
+    secret.write_text(base64.b64encode(ACME_SECRET).decode())
+    url = f"{client.base_url}".rstrip("/") + PATH
+    parser = argparse.ArgumentParser()
+    sign_command.add_arguments(parser)
+    argv = ["--key-id", ACME.key_id, "--secret-file", str(secret), "-d", '{"via":"curl"}']
+    argv += ["--idempotency-key", "curl:1", "--fence", "1", "--entity", "curl", "--curl", url]
+    assert sign_command.run(parser.parse_args(argv)) == 0
+    words = shlex.split(capsys.readouterr().out)
+    # Replay the printed command line word for word (curl -X M -H ... --data-binary D URL).
+    method = words[words.index("-X") + 1]
+    headers = [tuple(words[i + 1].split(": ", 1)) for i, w in enumerate(words) if w == "-H"]
+    data = words[words.index("--data-binary") + 1].encode()
+    response = client.request(method, words[-1], headers=headers, content=data)
+    assert response.status_code == 200, response.text
+    assert upstream.count("curl:1") == 1
