@@ -16,30 +16,49 @@ from fencegate.lease.policy import WorkClass
 from fencegate.lease.queue import LeaseQueue
 
 if TYPE_CHECKING:
-    from fencegate.lease.worker import Worker
+    from fencegate.lease.events import EventLog
+    from fencegate.lease.execution import OwnershipLost, OwnershipUnknown, PermanentError
+    from fencegate.lease.job import JobContext
+    from fencegate.lease.worker import Worker, run_worker
 
 __all__ = [
     "Attempt",
+    "EventLog",
     "IntervalRuleViolation",
     "Job",
+    "JobContext",
     "JobNotFound",
     "Lease",
     "LeaseQueue",
     "LeaseQueueError",
     "NewJob",
+    "OwnershipLost",
+    "OwnershipUnknown",
+    "PermanentError",
     "StageRecord",
     "StoreUnavailable",
     "UnknownWorkClass",
     "WorkClass",
     "Worker",
     "errors",
+    "run_worker",
 ]
+
+_WORKER_NAMES = {
+    "Worker": "fencegate.lease.worker",
+    "run_worker": "fencegate.lease.worker",
+    "JobContext": "fencegate.lease.job",
+    "EventLog": "fencegate.lease.events",
+    "OwnershipLost": "fencegate.lease.execution",
+    "OwnershipUnknown": "fencegate.lease.execution",
+    "PermanentError": "fencegate.lease.execution",
+}
 
 
 def __getattr__(name: str) -> Any:
     # Imported on first use: the queue alone must not need the worker's dependencies.
-    if name == "Worker":
-        from fencegate.lease.worker import Worker
+    if name in _WORKER_NAMES:
+        import importlib
 
-        return Worker
+        return getattr(importlib.import_module(_WORKER_NAMES[name]), name)
     raise AttributeError(name)
