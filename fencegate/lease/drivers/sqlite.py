@@ -147,15 +147,25 @@ class SQLiteDriver:
     async def close(self) -> None:
         await self._db.close()
 
-    async def _run(self, fn: Callable[[sqlite3.Connection], T], *, timeout: float) -> T:
-        deadline = time.monotonic() + timeout
+    async def _run(
+        self, fn: Callable[[sqlite3.Connection], T], *, timeout: float, write: bool = False
+    ) -> T:
+        # The connection's thread gives up a little before the caller does, and checks again
+        # once it holds the write lock: work that waited for the lock past the caller's
+        # patience is rolled back instead of done behind the caller's back.
+        deadline = time.monotonic() + timeout - min(0.2, timeout * 0.2)
 
         def bounded(conn: sqlite3.Connection) -> T:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise _Expired
             conn.execute(f"PRAGMA busy_timeout={max(int(remaining * 1000), 1)}")
-            return fn(conn)
+            if not write:
+                return fn(conn)
+            with write_transaction(conn):
+                if time.monotonic() > deadline:
+                    raise _Expired
+                return fn(conn)
 
         try:
             return await self._db.run(bounded, timeout=timeout)
@@ -176,41 +186,40 @@ class SQLiteDriver:
     async def enqueue(self, jobs: Sequence[NewJob], *, timeout: float) -> list[int]:
         def run(conn: sqlite3.Connection) -> list[int]:
             ids: list[int] = []
-            with write_transaction(conn):
-                now = conn.execute(_NOW).fetchone()[0]
-                for job in jobs:
+            now = conn.execute(_NOW).fetchone()[0]
+            for job in jobs:
+                row = conn.execute(
+                    """INSERT INTO fencegate_jobs (kind, payload, idempotency_key,
+                           max_attempts, lease_seconds, heartbeat_seconds, jitter_seconds,
+                           stage_timeout_seconds, tool_timeout_seconds, run_after,
+                           created_at, updated_at)
+                       VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                       ON CONFLICT (idempotency_key) DO NOTHING
+                       RETURNING id""",
+                    (
+                        job.kind,
+                        _dumps(job.payload),
+                        job.idempotency_key,
+                        job.max_attempts,
+                        job.lease_seconds,
+                        job.heartbeat_seconds,
+                        job.jitter_seconds,
+                        job.stage_timeout_seconds,
+                        job.tool_timeout_seconds,
+                        now + job.run_after_seconds,
+                        now,
+                        now,
+                    ),
+                ).fetchone()
+                if row is None:
                     row = conn.execute(
-                        """INSERT INTO fencegate_jobs (kind, payload, idempotency_key,
-                               max_attempts, lease_seconds, heartbeat_seconds, jitter_seconds,
-                               stage_timeout_seconds, tool_timeout_seconds, run_after,
-                               created_at, updated_at)
-                           VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-                           ON CONFLICT (idempotency_key) DO NOTHING
-                           RETURNING id""",
-                        (
-                            job.kind,
-                            _dumps(job.payload),
-                            job.idempotency_key,
-                            job.max_attempts,
-                            job.lease_seconds,
-                            job.heartbeat_seconds,
-                            job.jitter_seconds,
-                            job.stage_timeout_seconds,
-                            job.tool_timeout_seconds,
-                            now + job.run_after_seconds,
-                            now,
-                            now,
-                        ),
+                        "SELECT id FROM fencegate_jobs WHERE idempotency_key = ?",
+                        (job.idempotency_key,),
                     ).fetchone()
-                    if row is None:
-                        row = conn.execute(
-                            "SELECT id FROM fencegate_jobs WHERE idempotency_key = ?",
-                            (job.idempotency_key,),
-                        ).fetchone()
-                    ids.append(int(row[0]))
+                ids.append(int(row[0]))
             return ids
 
-        return await self._run(run, timeout=timeout)
+        return await self._run(run, timeout=timeout, write=True)
 
     async def claim(
         self, owner_id: str, kinds: Sequence[str] | None, limit: int, *, timeout: float
@@ -218,83 +227,79 @@ class SQLiteDriver:
         kind_sql, kind_args = _kinds_filter(kinds)
 
         def run(conn: sqlite3.Connection) -> list[Lease]:
-            with write_transaction(conn):
-                now = conn.execute(_NOW).fetchone()[0]
-                exhausted = conn.execute(
+            now = conn.execute(_NOW).fetchone()[0]
+            exhausted = conn.execute(
+                f"""UPDATE fencegate_jobs
+                       SET state = 'failed', lease_until = NULL, updated_at = ?,
+                           error = json_quote('lease expired on attempt ' || attempt
+                                              || ' of ' || max_attempts)
+                     WHERE state = 'running' AND lease_until < ?
+                       AND attempt >= max_attempts {kind_sql}
+                    RETURNING fencing_token, error""",
+                (now, now, *kind_args),
+            ).fetchall()
+            for token, error in exhausted:
+                _end_attempt(conn, token, now, "lease_expired", error)
+            candidates = conn.execute(
+                f"""SELECT id, state, fencing_token, attempt, max_attempts
+                      FROM fencegate_jobs
+                     WHERE ((state = 'queued' AND run_after <= ?)
+                            OR (state = 'running' AND lease_until < ?
+                                AND attempt < max_attempts))
+                           {kind_sql}
+                     ORDER BY id
+                     LIMIT ?""",
+                (now, now, *kind_args, limit),
+            ).fetchall()
+            if not candidates:
+                return []
+            last = conn.execute(
+                "UPDATE fencegate_sequences SET value = value + ?"
+                " WHERE name = 'fencing_token' RETURNING value",
+                (len(candidates),),
+            ).fetchone()[0]
+            first = last - len(candidates) + 1
+            leases: list[Lease] = []
+            for offset, candidate in enumerate(candidates):
+                token = first + offset
+                expiry: str | None = None
+                if candidate["state"] == "running":
+                    expiry = _dumps(_expiry_error(candidate["attempt"], candidate["max_attempts"]))
+                    _end_attempt(conn, candidate["fencing_token"], now, "lease_expired", expiry)
+                row = conn.execute(
                     f"""UPDATE fencegate_jobs
-                           SET state = 'failed', lease_until = NULL, updated_at = ?,
-                               error = json_quote('lease expired on attempt ' || attempt
-                                                  || ' of ' || max_attempts)
-                         WHERE state = 'running' AND lease_until < ?
-                           AND attempt >= max_attempts {kind_sql}
-                        RETURNING fencing_token, error""",
-                    (now, now, *kind_args),
-                ).fetchall()
-                for token, error in exhausted:
-                    _end_attempt(conn, token, now, "lease_expired", error)
-                candidates = conn.execute(
-                    f"""SELECT id, state, fencing_token, attempt, max_attempts
-                          FROM fencegate_jobs
-                         WHERE ((state = 'queued' AND run_after <= ?)
-                                OR (state = 'running' AND lease_until < ?
-                                    AND attempt < max_attempts))
-                               {kind_sql}
-                         ORDER BY id
-                         LIMIT ?""",
-                    (now, now, *kind_args, limit),
-                ).fetchall()
-                if not candidates:
-                    return []
-                last = conn.execute(
-                    "UPDATE fencegate_sequences SET value = value + ?"
-                    " WHERE name = 'fencing_token' RETURNING value",
-                    (len(candidates),),
-                ).fetchone()[0]
-                first = last - len(candidates) + 1
-                leases: list[Lease] = []
-                for offset, candidate in enumerate(candidates):
-                    token = first + offset
-                    expiry: str | None = None
-                    if candidate["state"] == "running":
-                        expiry = _dumps(
-                            _expiry_error(candidate["attempt"], candidate["max_attempts"])
-                        )
-                        _end_attempt(conn, candidate["fencing_token"], now, "lease_expired", expiry)
-                    row = conn.execute(
-                        f"""UPDATE fencegate_jobs
-                               SET state = 'running', owner_id = ?, fencing_token = ?,
-                                   lease_until = ? + lease_seconds, heartbeat_at = ?,
-                                   attempt = attempt + 1, updated_at = ?,
-                                   error = COALESCE(?, error)
-                             WHERE id = ?
-                            RETURNING {_LEASE_COLUMNS}""",
-                        (owner_id, token, now, now, now, expiry, candidate["id"]),
-                    ).fetchone()
-                    conn.execute(
-                        "INSERT INTO fencegate_job_attempts"
-                        " (fencing_token, job_id, attempt, owner_id, claimed_at)"
-                        " VALUES (?, ?, ?, ?, ?)",
-                        (token, row["id"], row["attempt"], owner_id, now),
-                    )
-                    leases.append(_lease(row))
-                return leases
+                           SET state = 'running', owner_id = ?, fencing_token = ?,
+                               lease_until = ? + lease_seconds, heartbeat_at = ?,
+                               attempt = attempt + 1, updated_at = ?,
+                               error = COALESCE(?, error)
+                         WHERE id = ?
+                        RETURNING {_LEASE_COLUMNS}""",
+                    (owner_id, token, now, now, now, expiry, candidate["id"]),
+                ).fetchone()
+                conn.execute(
+                    "INSERT INTO fencegate_job_attempts"
+                    " (fencing_token, job_id, attempt, owner_id, claimed_at)"
+                    " VALUES (?, ?, ?, ?, ?)",
+                    (token, row["id"], row["attempt"], owner_id, now),
+                )
+                leases.append(_lease(row))
+            return leases
 
-        return await self._run(run, timeout=timeout)
+        return await self._run(run, timeout=timeout, write=True)
 
     async def extend(self, lease: Lease, *, timeout: float) -> datetime | None:
         def run(conn: sqlite3.Connection) -> float | None:
-            with write_transaction(conn):
-                now = conn.execute(_NOW).fetchone()[0]
-                row = conn.execute(
-                    f"""UPDATE fencegate_jobs
-                           SET lease_until = ? + lease_seconds, heartbeat_at = ?, updated_at = ?
-                         WHERE {_HELD}
-                        RETURNING lease_until""",
-                    (now, now, now, lease.job_id, lease.owner_id, lease.fencing_token, now),
-                ).fetchone()
-                return None if row is None else float(row[0])
+            now = conn.execute(_NOW).fetchone()[0]
+            row = conn.execute(
+                f"""UPDATE fencegate_jobs
+                       SET lease_until = ? + lease_seconds, heartbeat_at = ?, updated_at = ?
+                     WHERE {_HELD}
+                    RETURNING lease_until""",
+                (now, now, now, lease.job_id, lease.owner_id, lease.fencing_token, now),
+            ).fetchone()
+            return None if row is None else float(row[0])
 
-        return _time(await self._run(run, timeout=timeout))
+        return _time(await self._run(run, timeout=timeout, write=True))
 
     async def complete_many(
         self, items: Sequence[tuple[Lease, Any]], *, timeout: float
@@ -303,23 +308,22 @@ class SQLiteDriver:
 
         def run(conn: sqlite3.Connection) -> list[bool]:
             done: list[bool] = []
-            with write_transaction(conn):
-                now = conn.execute(_NOW).fetchone()[0]
-                for lease, result in encoded:
-                    row = conn.execute(
-                        f"""UPDATE fencegate_jobs
-                               SET state = 'succeeded', result = ?, error = NULL,
-                                   lease_until = NULL, updated_at = ?
-                             WHERE {_HELD}
-                            RETURNING fencing_token""",
-                        (result, now, lease.job_id, lease.owner_id, lease.fencing_token, now),
-                    ).fetchone()
-                    if row is not None:
-                        _end_attempt(conn, row[0], now, "succeeded", None)
-                    done.append(row is not None)
+            now = conn.execute(_NOW).fetchone()[0]
+            for lease, result in encoded:
+                row = conn.execute(
+                    f"""UPDATE fencegate_jobs
+                           SET state = 'succeeded', result = ?, error = NULL,
+                               lease_until = NULL, updated_at = ?
+                         WHERE {_HELD}
+                        RETURNING fencing_token""",
+                    (result, now, lease.job_id, lease.owner_id, lease.fencing_token, now),
+                ).fetchone()
+                if row is not None:
+                    _end_attempt(conn, row[0], now, "succeeded", None)
+                done.append(row is not None)
             return done
 
-        return await self._run(run, timeout=timeout)
+        return await self._run(run, timeout=timeout, write=True)
 
     async def fail(
         self, lease: Lease, error: Any, *, retry_in: float | None, timeout: float
@@ -327,82 +331,79 @@ class SQLiteDriver:
         encoded = _dumps(error)
 
         def run(conn: sqlite3.Connection) -> JobState | None:
-            with write_transaction(conn):
-                now = conn.execute(_NOW).fetchone()[0]
-                final = "? IS NULL OR attempt >= max_attempts"
-                row = conn.execute(
-                    f"""UPDATE fencegate_jobs
-                           SET state = CASE WHEN {final} THEN 'failed' ELSE 'queued' END,
-                               run_after = CASE WHEN {final} THEN run_after ELSE ? + ? END,
-                               owner_id = CASE WHEN {final} THEN owner_id END,
-                               error = ?, lease_until = NULL, updated_at = ?
-                         WHERE {_HELD}
-                        RETURNING fencing_token, state""",
-                    (
-                        retry_in,
-                        retry_in,
-                        now,
-                        retry_in,
-                        retry_in,
-                        encoded,
-                        now,
-                        lease.job_id,
-                        lease.owner_id,
-                        lease.fencing_token,
-                        now,
-                    ),
-                ).fetchone()
-                if row is None:
-                    return None
-                outcome = "failed" if row["state"] == "failed" else "retry_scheduled"
-                _end_attempt(conn, row["fencing_token"], now, outcome, encoded)
-                state: JobState = row["state"]
-                return state
+            now = conn.execute(_NOW).fetchone()[0]
+            final = "? IS NULL OR attempt >= max_attempts"
+            row = conn.execute(
+                f"""UPDATE fencegate_jobs
+                       SET state = CASE WHEN {final} THEN 'failed' ELSE 'queued' END,
+                           run_after = CASE WHEN {final} THEN run_after ELSE ? + ? END,
+                           owner_id = CASE WHEN {final} THEN owner_id END,
+                           error = ?, lease_until = NULL, updated_at = ?
+                     WHERE {_HELD}
+                    RETURNING fencing_token, state""",
+                (
+                    retry_in,
+                    retry_in,
+                    now,
+                    retry_in,
+                    retry_in,
+                    encoded,
+                    now,
+                    lease.job_id,
+                    lease.owner_id,
+                    lease.fencing_token,
+                    now,
+                ),
+            ).fetchone()
+            if row is None:
+                return None
+            outcome = "failed" if row["state"] == "failed" else "retry_scheduled"
+            _end_attempt(conn, row["fencing_token"], now, outcome, encoded)
+            state: JobState = row["state"]
+            return state
 
-        return await self._run(run, timeout=timeout)
+        return await self._run(run, timeout=timeout, write=True)
 
     async def release(self, lease: Lease, *, timeout: float) -> bool:
         def run(conn: sqlite3.Connection) -> bool:
-            with write_transaction(conn):
-                now = conn.execute(_NOW).fetchone()[0]
-                row = conn.execute(
-                    f"""UPDATE fencegate_jobs
-                           SET state = 'queued', owner_id = NULL, lease_until = NULL,
-                               attempt = attempt - 1, run_after = ?, updated_at = ?
-                         WHERE {_HELD}
-                        RETURNING fencing_token""",
-                    (now, now, lease.job_id, lease.owner_id, lease.fencing_token, now),
-                ).fetchone()
-                if row is None:
-                    return False
-                _end_attempt(conn, row[0], now, "released", None)
-                return True
+            now = conn.execute(_NOW).fetchone()[0]
+            row = conn.execute(
+                f"""UPDATE fencegate_jobs
+                       SET state = 'queued', owner_id = NULL, lease_until = NULL,
+                           attempt = attempt - 1, run_after = ?, updated_at = ?
+                     WHERE {_HELD}
+                    RETURNING fencing_token""",
+                (now, now, lease.job_id, lease.owner_id, lease.fencing_token, now),
+            ).fetchone()
+            if row is None:
+                return False
+            _end_attempt(conn, row[0], now, "released", None)
+            return True
 
-        return await self._run(run, timeout=timeout)
+        return await self._run(run, timeout=timeout, write=True)
 
     async def cancel(self, job_id: int, reason: Any, *, timeout: float) -> bool | None:
         encoded = _dumps(reason)
 
         def run(conn: sqlite3.Connection) -> bool | None:
-            with write_transaction(conn):
-                now = conn.execute(_NOW).fetchone()[0]
-                target = conn.execute(
-                    "SELECT state, fencing_token FROM fencegate_jobs WHERE id = ?", (job_id,)
-                ).fetchone()
-                if target is None:
-                    return None
-                if target["state"] not in ("queued", "running"):
-                    return False
-                conn.execute(
-                    "UPDATE fencegate_jobs SET state = 'cancelled', lease_until = NULL,"
-                    " error = ?, updated_at = ? WHERE id = ?",
-                    (encoded, now, job_id),
-                )
-                if target["state"] == "running":
-                    _end_attempt(conn, target["fencing_token"], now, "cancelled", encoded)
-                return True
+            now = conn.execute(_NOW).fetchone()[0]
+            target = conn.execute(
+                "SELECT state, fencing_token FROM fencegate_jobs WHERE id = ?", (job_id,)
+            ).fetchone()
+            if target is None:
+                return None
+            if target["state"] not in ("queued", "running"):
+                return False
+            conn.execute(
+                "UPDATE fencegate_jobs SET state = 'cancelled', lease_until = NULL,"
+                " error = ?, updated_at = ? WHERE id = ?",
+                (encoded, now, job_id),
+            )
+            if target["state"] == "running":
+                _end_attempt(conn, target["fencing_token"], now, "cancelled", encoded)
+            return True
 
-        return await self._run(run, timeout=timeout)
+        return await self._run(run, timeout=timeout, write=True)
 
     async def get(self, job_id: int, *, timeout: float) -> Job | None:
         row = await self._run(
@@ -477,32 +478,31 @@ class SQLiteDriver:
         encoded = _dumps(result)
 
         def run(conn: sqlite3.Connection) -> bool:
-            with write_transaction(conn):
-                now = conn.execute(_NOW).fetchone()[0]
-                held = conn.execute(
-                    f"SELECT 1 FROM fencegate_jobs WHERE {_HELD}",
-                    (lease.job_id, lease.owner_id, lease.fencing_token, now),
-                ).fetchone()
-                if held is None:
-                    return False
-                inserted = conn.execute(
-                    """INSERT INTO fencegate_job_stages
-                           (job_id, name, idempotency_key, result, fencing_token, committed_at)
-                       VALUES (?, ?, ?, ?, ?, ?)
-                       ON CONFLICT (job_id, name) DO NOTHING
-                       RETURNING 1""",
-                    (lease.job_id, name, idempotency_key, encoded, lease.fencing_token, now),
-                ).fetchone()
-                if inserted is not None:
-                    return True
-                mine = conn.execute(
-                    "SELECT 1 FROM fencegate_job_stages"
-                    " WHERE job_id = ? AND name = ? AND fencing_token = ?",
-                    (lease.job_id, name, lease.fencing_token),
-                ).fetchone()
-                return mine is not None
+            now = conn.execute(_NOW).fetchone()[0]
+            held = conn.execute(
+                f"SELECT 1 FROM fencegate_jobs WHERE {_HELD}",
+                (lease.job_id, lease.owner_id, lease.fencing_token, now),
+            ).fetchone()
+            if held is None:
+                return False
+            inserted = conn.execute(
+                """INSERT INTO fencegate_job_stages
+                       (job_id, name, idempotency_key, result, fencing_token, committed_at)
+                   VALUES (?, ?, ?, ?, ?, ?)
+                   ON CONFLICT (job_id, name) DO NOTHING
+                   RETURNING 1""",
+                (lease.job_id, name, idempotency_key, encoded, lease.fencing_token, now),
+            ).fetchone()
+            if inserted is not None:
+                return True
+            mine = conn.execute(
+                "SELECT 1 FROM fencegate_job_stages"
+                " WHERE job_id = ? AND name = ? AND fencing_token = ?",
+                (lease.job_id, name, lease.fencing_token),
+            ).fetchone()
+            return mine is not None
 
-        return await self._run(run, timeout=timeout)
+        return await self._run(run, timeout=timeout, write=True)
 
     async def wait_for_work(self, kinds: Sequence[str] | None, *, timeout: float) -> bool:
         """Poll for claimable work every `POLL_SECONDS` (SQLite has no notifications)."""
