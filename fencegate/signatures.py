@@ -38,6 +38,7 @@ def load_authenticator(
     skew_future: float = 5,
     public_base_url: str | None = None,
     base_dir: Path | None = None,
+    store_timeout: float = 5.0,
 ) -> Authenticator | None:
     """The gateway's signature check, or ``None`` (single tenant) when no keys are given.
 
@@ -45,7 +46,8 @@ def load_authenticator(
     config file (a table or a list of key tables), or the value of ``FENCEGATE_KEYS``: a
     path, or the document itself when it starts with ``{`` or ``[`` or spans several lines.
     Settings written in the keys document (``public_base_url``, ``skew_past_seconds``,
-    ``skew_future_seconds``) win over the keyword defaults. Raises :class:`KeyConfigError`
+    ``skew_future_seconds``) win over the keyword defaults. ``store_timeout`` bounds the
+    nonce write. Raises :class:`KeyConfigError`
     (a ``ValueError``) naming the entry and field of a bad key.
     """
     if spec is None or (isinstance(spec, str) and not spec.strip()):
@@ -64,6 +66,7 @@ def load_authenticator(
             loaded.skew_future_seconds if loaded.skew_future_seconds is not None else skew_future
         ),
         public_base_url=loaded.public_base_url or public_base_url,
+        store_timeout=store_timeout,
     )
     logger.info(
         "signatures required: %d keys for %d tenants", len(loaded.ring), len(loaded.ring.tenants)

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 import httpx
@@ -27,6 +28,7 @@ from fencegate.signatures import HttpSigner
 from tests.lease.test_client import KEY as JOB_KEY
 from tests.lease.test_client import make_job
 from tests.support.gateway import GatewayProcess
+from tests.support.net import TcpRelay
 from tests.support.upstream import UpstreamProcess
 
 ACME_SECRET = bytes(range(32))
@@ -445,3 +447,24 @@ def test_the_curl_line_from_fencegate_sign_goes_through(
     response = client.request(method, words[-1], headers=headers, content=data)
     assert response.status_code == 200, response.text
     assert upstream.count("curl:1") == 1
+
+
+async def test_a_nonce_that_cannot_be_recorded_is_never_forwarded(
+    pg_url: str, upstream: UpstreamProcess, tmp_path: Path
+) -> None:
+    parts = urlsplit(pg_url)
+    with TcpRelay(parts.hostname or "127.0.0.1", parts.port or 5432) as relay:
+        relayed = pg_url.replace(f"{parts.hostname}:{parts.port}", f"127.0.0.1:{relay.port}")
+        with start_gateway(upstream, tmp_path, relayed) as gateway:
+            async with httpx.AsyncClient(base_url=gateway.url, timeout=60) as http:
+                body = b'{"title":"refund"}'
+                headers = fence_headers("pg:cut:before")
+                ACME.sign("POST", gateway.url + PATH, headers, body)
+                assert (await http.post(PATH, headers=headers, content=body)).status_code == 200
+                relay.cut()
+                headers = fence_headers("pg:cut:after")
+                ACME.sign("POST", gateway.url + PATH, headers, body)
+                response = await http.post(PATH, headers=headers, content=body)
+    assert response.status_code == 503, response.text
+    assert problem_kind(response) == "store-unavailable"
+    assert upstream.count("pg:cut:after") == 0

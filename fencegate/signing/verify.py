@@ -30,6 +30,7 @@ from fencegate.types import IncomingRequest, NonceStore
 
 STRIPPED_HEADERS = frozenset({"signature-input", "signature"})
 MAX_NONCE_LENGTH = 255
+NONCE_TTL_MARGIN_SECONDS = 60.0
 
 _VERIFIER_ALGORITHMS = {"hmac-sha256": algorithms.HMAC_SHA256, "ed25519": algorithms.ED25519}
 
@@ -135,8 +136,10 @@ class SignatureAuthenticator:
     @property
     def nonce_ttl_seconds(self) -> float:
         # A replay is possible while `created` is inside the window: past + future from now
-        # covers every moment it could still be accepted (+1 for whole-second `created`).
-        return self.skew_past + self.skew_future + 1.0
+        # covers every moment this gateway could still accept it. The margin covers other
+        # gateway hosts whose clocks differ from this one (the row expires by the database
+        # clock, the window is judged by each host's clock).
+        return self.skew_past + self.skew_future + NONCE_TTL_MARGIN_SECONDS
 
     def __repr__(self) -> str:
         return (
