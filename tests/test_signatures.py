@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import base64
 import datetime
+import hashlib
+import hmac
 import os
 from collections.abc import AsyncIterator
 from urllib.parse import urlsplit
@@ -318,3 +320,88 @@ def test_signing_key_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_short_hmac_secrets_are_refused() -> None:
     with pytest.raises(ValueError, match="at least 32 bytes"):
         HttpSigner(key_id="k", secret=os.urandom(16))
+
+
+# The test vector printed in the README for implementers in other languages.
+VECTOR_BODY = b'{"customer_id":"c-1048","subject":"refund"}'
+VECTOR_BASE = (
+    '"@method": POST\n'
+    '"@target-uri": https://api.example.com/v1/cases?notify=false\n'
+    '"content-digest": sha-256=:1Ro28gPIrvv9OQQxtuOTiYuNcdMilPfoIbvcDZt3r34=:\n'
+    '"idempotency-key": tool-job:8f1b7c3d:create_case\n'
+    '"x-execution-fence": 42\n'
+    '"x-execution-entity": customer:c-1048\n'
+    '"@signature-params": ("@method" "@target-uri" "content-digest" "idempotency-key" '
+    '"x-execution-fence" "x-execution-entity");created=1767225600;keyid="acme-2026-01";'
+    'alg="hmac-sha256";nonce="c2f0b1c8e4a94f0e"'
+)
+VECTOR_SIGNATURE = "sig1=:jjcees7bUC4LuPFQL049IGk+2noAVSLmMPgLZneMmKc=:"
+VECTOR_ED25519_SIGNATURE = (
+    "sig1=:qznTCp+iZV3jhOY5iT9xGdMP3Vs5lqBsclY9SFQg5LnJ"
+    "O5zBtvmUh72/qnKeTuVJLux23mqkOGNoSv7oHsp9Bw==:"
+)
+
+
+def vector_headers() -> dict[str, str]:
+    return {
+        "Content-Type": "application/json",
+        "Idempotency-Key": "tool-job:8f1b7c3d:create_case",
+        "X-Execution-Fence": "42",
+        "X-Execution-Entity": "customer:c-1048",
+    }
+
+
+@pytest.mark.parametrize(
+    ("signer", "expected"),
+    [
+        (HttpSigner(key_id="acme-2026-01", secret=bytes(range(32))), VECTOR_SIGNATURE),
+        (
+            HttpSigner(
+                key_id="acme-2026-01",
+                private_key=ed25519.Ed25519PrivateKey.from_private_bytes(bytes(range(32, 64))),
+            ),
+            VECTOR_ED25519_SIGNATURE,
+        ),
+    ],
+    ids=["hmac-sha256", "ed25519"],
+)
+def test_documented_test_vector(signer: HttpSigner, expected: str) -> None:
+    headers = vector_headers()
+    prepared = signer.prepare_and_sign(
+        "POST",
+        "https://API.example.com:443/v1/cases?notify=false",  # normalised before signing
+        headers,
+        VECTOR_BODY,
+        created=datetime.datetime.fromtimestamp(1767225600, datetime.UTC),
+        nonce="c2f0b1c8e4a94f0e",
+    )
+    assert prepared.signature_base.decode() == VECTOR_BASE.replace(
+        'alg="hmac-sha256"', f'alg="{signer.alg}"'
+    )
+    assert headers["Signature"] == expected
+    if signer.alg == "hmac-sha256":
+        # Nothing but the standard library, as a Go or Node signer would do it.
+        mac = hmac.new(bytes(range(32)), VECTOR_BASE.encode("ascii"), hashlib.sha256).digest()
+        assert expected == f"sig1=:{base64.b64encode(mac).decode()}:"
+
+
+async def test_the_test_vector_verifies_at_the_gateway(store: GatewayStore) -> None:
+    auth = load_authenticator(
+        [
+            {
+                "id": "acme-2026-01",
+                "tenant": "acme",
+                "alg": "hmac-sha256",
+                "secret": base64.b64encode(bytes(range(32))).decode(),
+            }
+        ],
+        skew_past=10**10,  # the vector's `created` is fixed in the past
+        public_base_url="https://api.example.com",
+    )
+    assert auth is not None
+    headers = vector_headers()
+    headers["Content-Digest"] = "sha-256=:1Ro28gPIrvv9OQQxtuOTiYuNcdMilPfoIbvcDZt3r34=:"
+    headers["Signature-Input"] = "sig1=" + VECTOR_BASE.rsplit('"@signature-params": ', 1)[1]
+    headers["Signature"] = VECTOR_SIGNATURE
+    request = incoming("POST", "http://127.0.0.1:8080/v1/cases?notify=false", headers, VECTOR_BODY)
+    assert await auth.authenticate(request, store) == "acme"
