@@ -40,7 +40,7 @@ def _unauthorized(kind: str, title: str, detail: str, **extensions: Any) -> Prob
         401,
         kind,
         title,
-        detail,
+        detail[:1].upper() + detail[1:],
         headers={"WWW-Authenticate": 'Signature realm="fencegate"'},
         **extensions,
     )
