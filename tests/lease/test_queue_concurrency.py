@@ -102,6 +102,8 @@ async def test_two_processes_drain_the_queue_exactly_once(store_url: str) -> Non
         completed = [job_id for report in reports for job_id in report["completed"]]
         assert sorted(completed) == sorted(ids), "every job completed exactly once"
         assert all(report["completed"] for report in reports), "both processes did work"
+        rejected = [job_id for report in reports for job_id in report["rejected"]]
+        assert rejected == [], "a live lease was taken from its owner"
         granted = [token for report in reports for token in report["tokens"]]
         assert len(granted) == len(set(granted)), "no fencing token granted twice"
 
