@@ -10,15 +10,17 @@ import os
 from collections.abc import AsyncIterator
 from urllib.parse import urlsplit
 
+import httpx
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 from http_message_signatures import ContentDigest
 
+from fencegate.middleware import FenceGateMiddleware
 from fencegate.problems import Problem
 from fencegate.signatures import HttpSigner, SignatureAuthenticator, load_authenticator
 from fencegate.store import GatewayStore, open_gateway_store
-from fencegate.types import IncomingRequest
+from fencegate.types import IncomingRequest, Receive, Scope, Send
 
 SECRET = bytes(range(32))
 OTHER_SECRET = bytes(range(1, 33))
@@ -405,3 +407,32 @@ async def test_the_test_vector_verifies_at_the_gateway(store: GatewayStore) -> N
     headers["Signature"] = VECTOR_SIGNATURE
     request = incoming("POST", "http://127.0.0.1:8080/v1/cases?notify=false", headers, VECTOR_BODY)
     assert await auth.authenticate(request, store) == "acme"
+
+
+async def test_middleware_in_process_service(store: GatewayStore) -> None:
+    """FenceGateMiddleware with this authenticator: the wrapped app only sees verified calls."""
+    seen: list[dict[str, str]] = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        seen.append({k.decode(): v.decode() for k, v in scope["headers"]})
+        await send({"type": "http.response.start", "status": 201, "headers": []})
+        await send({"type": "http.response.body", "body": b"created"})
+
+    wrapped = FenceGateMiddleware(app, store=store, authenticator=authenticator())
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=wrapped), base_url="http://service.internal"
+    ) as client:
+        body = b'{"title":"refund"}'
+        headers = fenced_headers()
+        HttpSigner(key_id="acme-1", secret=SECRET).sign(
+            "POST", "http://service.internal/v1/cases", headers, body
+        )
+        assert (await client.post("/v1/cases", headers=headers, content=body)).status_code == 201
+        unsigned = await client.post("/v1/cases", headers=fenced_headers(), content=body)
+    assert unsigned.status_code == 401
+    assert unsigned.json()["type"].endswith("/signature-missing")
+    assert len(seen) == 1
+    assert "signature" not in seen[0] and "signature-input" not in seen[0]
+    assert seen[0]["idempotency-key"] == "tool-job:8f1b7c3d:create_case"
