@@ -9,6 +9,8 @@ and release), so a partitioned database costs a caller at most that long.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -91,6 +93,10 @@ _UNAVAILABLE: tuple[type[BaseException], ...] = (
 )
 
 
+def _left(deadline: float) -> float:
+    return max(deadline - time.monotonic(), 0.0)
+
+
 def _affected(status: str) -> bool:
     return not status.endswith(" 0")
 
@@ -115,12 +121,27 @@ class PostgresGatewayStore:
         return cls(pool)
 
     async def _run(self, fn: Callable[[asyncpg.Connection], Awaitable[T]], *, timeout: float) -> T:
+        deadline = time.monotonic() + timeout
         try:
-            async with asyncio.timeout(timeout):
-                async with self._pool.acquire() as conn:
-                    return await fn(conn)
+            conn = await self._pool.acquire(timeout=timeout)
         except _UNAVAILABLE as exc:
             raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from exc
+        try:
+            async with asyncio.timeout_at(asyncio.get_running_loop().time() + _left(deadline)):
+                return await fn(conn)
+        except BaseException as exc:
+            # The connection is in an unknown state (a query may still run on a silent
+            # network): close it at once rather than wait to reset it for the next caller.
+            with contextlib.suppress(asyncpg.InterfaceError):  # already dropped by the pool
+                conn.terminate()
+            if isinstance(exc, TimeoutError):
+                raise StoreUnavailable(f"no answer within {timeout}s") from exc
+            if isinstance(exc, _UNAVAILABLE):
+                raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from exc
+            raise
+        finally:
+            with contextlib.suppress(asyncpg.InterfaceError, *_UNAVAILABLE):
+                await self._pool.release(conn, timeout=max(_left(deadline), 0.1))
 
     async def decide(self, request: DecideRequest, *, timeout: float) -> Decision:
         async def call(conn: asyncpg.Connection) -> Any:

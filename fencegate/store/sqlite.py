@@ -8,6 +8,7 @@ lets several gateway processes share the file). Times come from the database clo
 from __future__ import annotations
 
 import sqlite3
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -32,8 +33,20 @@ NOW = SQLITE_NOW
 _OWNED = "tenant = ? AND key = ? AND owner = ? AND attempt = ? AND state = 'in_flight'"
 
 
-def _decide(conn: sqlite3.Connection, r: DecideRequest) -> Decision:
+class _CallerGaveUp(Exception):
+    """The caller's timeout passed while this call waited for the write lock."""
+
+
+def _check_deadline(deadline: float) -> None:
+    # The caller has already answered 503; committing now would leave a reservation (or a
+    # nonce) behind that no one acts on, and a retry would find it in the way.
+    if time.monotonic() > deadline:
+        raise _CallerGaveUp
+
+
+def _decide(conn: sqlite3.Connection, r: DecideRequest, deadline: float) -> Decision:
     with write_transaction(conn):
+        _check_deadline(deadline)
         now = float(conn.execute(f"SELECT {NOW}").fetchone()[0])
         last: int | None = None
         if r.fence is not None:
@@ -118,9 +131,12 @@ def _key(r: Reservation) -> tuple[object, ...]:
     return (r.tenant, r.key, r.owner, r.attempt)
 
 
-def _remember_nonce(key_id: str, nonce: str, ttl: float) -> Callable[[sqlite3.Connection], bool]:
+def _remember_nonce(
+    key_id: str, nonce: str, ttl: float, deadline: float
+) -> Callable[[sqlite3.Connection], bool]:
     def run(conn: sqlite3.Connection) -> bool:
         with write_transaction(conn):
+            _check_deadline(deadline)
             cur = conn.execute(
                 f"INSERT INTO signature_nonces (key_id, nonce, expires_at) "
                 f"VALUES (?, ?, {NOW} + ?) ON CONFLICT (key_id, nonce) DO UPDATE "
@@ -144,11 +160,14 @@ class SQLiteGatewayStore:
     async def _run(self, fn: Callable[[sqlite3.Connection], T], *, timeout: float) -> T:
         try:
             return await self._db.run(fn, timeout=timeout)
-        except (sqlite3.Error, OSError, TimeoutError) as exc:
+        except (TimeoutError, _CallerGaveUp) as exc:
+            raise StoreUnavailable(f"no answer within {timeout}s") from exc
+        except (sqlite3.Error, OSError) as exc:
             raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from exc
 
     async def decide(self, request: DecideRequest, *, timeout: float) -> Decision:
-        return await self._run(lambda conn: _decide(conn, request), timeout=timeout)
+        deadline = time.monotonic() + timeout
+        return await self._run(lambda conn: _decide(conn, request, deadline), timeout=timeout)
 
     async def complete(
         self,
@@ -199,7 +218,10 @@ class SQLiteGatewayStore:
     async def remember_nonce(
         self, key_id: str, nonce: str, ttl_seconds: float, *, timeout: float
     ) -> bool:
-        return await self._run(_remember_nonce(key_id, nonce, float(ttl_seconds)), timeout=timeout)
+        deadline = time.monotonic() + timeout
+        return await self._run(
+            _remember_nonce(key_id, nonce, float(ttl_seconds), deadline), timeout=timeout
+        )
 
     async def purge(
         self, *, fence_ttl_seconds: float, batch_size: int = 1000, timeout: float

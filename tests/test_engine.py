@@ -1,0 +1,154 @@
+"""The decision engine on its own: an `IncomingRequest`, a policy, a store, and a forward
+callable standing for the upstream (here: one that answers, refuses or never answers)."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import AsyncIterator
+from urllib.parse import urlsplit, urlunsplit
+
+import orjson
+import pytest
+
+from fencegate.engine import (
+    Engine,
+    GatewayResponse,
+    UpstreamOutcomeUnknown,
+    UpstreamRefused,
+    UpstreamResponse,
+)
+from fencegate.metrics import GatewayMetrics
+from fencegate.routes import RoutePolicy
+from fencegate.store import GatewayStore, open_gateway_store
+from fencegate.types import IncomingRequest
+from tests.support.net import TcpRelay
+
+
+@pytest.fixture
+async def store(store_url: str) -> AsyncIterator[GatewayStore]:
+    store = await open_gateway_store(store_url, run_migrations=False)
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+def request(key: str = "k", *, fence: int | None = None, body: bytes = b"{}") -> IncomingRequest:
+    headers = [("idempotency-key", key)]
+    if fence is not None:
+        headers += [("x-execution-fence", str(fence)), ("x-execution-entity", "job:1")]
+    return IncomingRequest("POST", "http", "gw", "/pay", "", tuple(headers), body)
+
+
+class Upstream:
+    """Counts calls; each call does what the next entry of ``script`` says."""
+
+    def __init__(self, *script: str) -> None:
+        self.script = list(script)
+        self.calls = 0
+
+    async def forward(self, timeout: float) -> UpstreamResponse:
+        self.calls += 1
+        action = self.script.pop(0) if self.script else "ok"
+        if action == "refused":
+            raise UpstreamRefused("connection refused")
+        if action == "lost":
+            raise UpstreamOutcomeUnknown("connection lost after sending")
+        return UpstreamResponse(200, [("content-type", "text/plain")], b"done %d" % self.calls)
+
+
+def problem(response: GatewayResponse) -> dict[str, object]:
+    assert ("content-type", "application/problem+json") in response.headers
+    return dict(orjson.loads(response.body))
+
+
+async def test_refused_upstream_is_502_and_releases_the_key(store: GatewayStore):
+    engine = Engine(store, store_timeout=30)
+    upstream = Upstream("refused")
+    policy = RoutePolicy()
+    refused = await engine.handle(request(), policy, "default", upstream.forward)
+    assert refused.status == 502 and refused.decision == "502"
+    assert str(problem(refused)["type"]).endswith("/upstream-unreachable")
+    retried = await engine.handle(request(), policy, "default", upstream.forward)
+    assert (retried.status, retried.body) == (200, b"done 2")
+    replay = await engine.handle(request(), policy, "default", upstream.forward)
+    assert replay.decision == "replayed" and replay.body == b"done 2"
+    assert upstream.calls == 2
+
+
+@pytest.mark.parametrize(("on_unknown", "status"), [("reject", 409), ("retry", 200)])
+async def test_lost_connection_is_504_outcome_unknown(
+    store: GatewayStore, on_unknown: str, status: int
+):
+    engine = Engine(store, store_timeout=30)
+    upstream = Upstream("lost")
+    policy = RoutePolicy(on_unknown=on_unknown)  # type: ignore[arg-type]
+    lost = await engine.handle(request(), policy, "default", upstream.forward)
+    assert lost.status == 504 and str(problem(lost)["type"]).endswith("/upstream-timeout")
+    again = await engine.handle(request(), policy, "default", upstream.forward)
+    assert again.status == status
+    assert upstream.calls == (1 if on_unknown == "reject" else 2)
+
+
+async def test_decisions_are_counted_in_metrics(store: GatewayStore):
+    metrics = GatewayMetrics()
+    engine = Engine(store, store_timeout=30, metrics=metrics)
+    upstream = Upstream()
+    for _ in range(3):
+        await engine.handle(request(), RoutePolicy(), "default", upstream.forward)
+    text = metrics.render().decode()
+    assert 'fencegate_gateway_requests_total{decision="forwarded"} 1.0' in text
+    assert 'fencegate_gateway_requests_total{decision="replayed"} 2.0' in text
+    assert 'fencegate_store_latency_seconds_count{operation="decide"} 3.0' in text
+    assert "fencegate_upstream_latency_seconds_count 1.0" in text
+
+
+async def test_unreachable_sqlite_store_is_503_and_nothing_is_forwarded(sqlite_url: str):
+    store = await open_gateway_store(sqlite_url, run_migrations=False)
+    path = urlsplit(sqlite_url).path[1:]
+    blocker = sqlite3.connect(path, timeout=1, isolation_level=None)
+    try:
+        blocker.execute("BEGIN EXCLUSIVE")  # another process holds the file
+        engine = Engine(store, store_timeout=0.5)
+        upstream = Upstream()
+        answer = await engine.handle(request(fence=3), RoutePolicy(), "default", upstream.forward)
+        assert answer.status == 503
+        assert str(problem(answer)["type"]).endswith("/store-unavailable")
+        assert upstream.calls == 0
+    finally:
+        blocker.execute("ROLLBACK")
+        blocker.close()
+        await asyncio.sleep(0)
+    try:
+        engine = Engine(store, store_timeout=30)
+        answer = await engine.handle(request(fence=3), RoutePolicy(), "default", upstream.forward)
+        assert answer.status == 200
+    finally:
+        await store.close()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("fault", ["silence", "cut"])
+async def test_unreachable_postgres_store_is_503_and_nothing_is_forwarded(pg_url: str, fault: str):
+    parts = urlsplit(pg_url)
+    with TcpRelay(parts.hostname or "127.0.0.1", parts.port or 5432) as relay:
+        netloc = f"{parts.username}@127.0.0.1:{relay.port}" if parts.username else ""
+        via_relay = urlunsplit((parts.scheme, netloc or f"127.0.0.1:{relay.port}", parts.path,
+                                parts.query, ""))  # fmt: skip
+        store = await open_gateway_store(via_relay, run_migrations=False)
+        try:
+            engine = Engine(store, store_timeout=1.0)
+            upstream = Upstream()
+            ok = await engine.handle(request("a"), RoutePolicy(), "default", upstream.forward)
+            assert ok.status == 200
+            getattr(relay, fault)()
+            for key in ("b", "c"):
+                answer = await engine.handle(request(key), RoutePolicy(), "default",
+                                             upstream.forward)  # fmt: skip
+                assert answer.status == 503
+                assert str(problem(answer)["type"]).endswith("/store-unavailable")
+            assert upstream.calls == 1
+        finally:
+            relay.heal()
+            await store.close()
