@@ -58,4 +58,8 @@ class CommandError(Exception):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run through the imported module, so that `python -m fencegate.cli` catches the same
+    # CommandError class the subcommands raise (not a second copy defined in __main__).
+    from fencegate.cli import main as _main
+
+    sys.exit(_main())

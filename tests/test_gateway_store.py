@@ -1,0 +1,228 @@
+"""One conformance suite for the gateway stores, run against SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import replace
+
+import pytest
+
+from fencegate.store import (
+    DecideRequest,
+    GatewayStore,
+    Outcome,
+    Reservation,
+    StoredResponse,
+    open_gateway_store,
+)
+
+
+@pytest.fixture
+async def store(store_url: str) -> AsyncIterator[GatewayStore]:
+    store = await open_gateway_store(store_url, run_migrations=False)
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+T = 30.0  # generous: the machine is shared
+
+BASE = DecideRequest(
+    tenant="t1",
+    key="k",
+    fingerprint="f" * 64,
+    entity=None,
+    fence=None,
+    owner="gw-a",
+    lease_seconds=30.0,
+    ttl_seconds=3600.0,
+    retry_unknown=True,
+)
+
+RESPONSE = StoredResponse(201, [("content-type", "application/json"), ("x-a", "1")], b"{}", "h")
+
+
+def holder(decision_attempt: int | None, request: DecideRequest = BASE) -> Reservation:
+    assert decision_attempt is not None
+    return Reservation(request.tenant, request.key or "", request.owner, decision_attempt)
+
+
+async def test_new_key_is_reserved_then_in_flight(store: GatewayStore):
+    first = await store.decide(BASE, timeout=T)
+    assert (first.outcome, first.attempt) == (Outcome.RESERVED, 1)
+    second = await store.decide(replace(BASE, owner="gw-b"), timeout=T)
+    assert second.outcome is Outcome.IN_FLIGHT
+    assert second.retry_after is not None and 0 < second.retry_after <= 30.0
+
+
+async def test_completed_key_replays_what_was_stored(store: GatewayStore):
+    first = await store.decide(BASE, timeout=T)
+    assert await store.complete(holder(first.attempt), RESPONSE, ttl_seconds=3600, timeout=T)
+    replay = await store.decide(BASE, timeout=T)
+    assert replay.outcome is Outcome.REPLAY
+    assert replay.response == RESPONSE
+
+
+async def test_body_too_large_is_recorded_without_body(store: GatewayStore):
+    first = await store.decide(BASE, timeout=T)
+    large = replace(RESPONSE, body=None, sha256="abc")
+    assert await store.complete(holder(first.attempt), large, ttl_seconds=3600, timeout=T)
+    replay = await store.decide(BASE, timeout=T)
+    assert replay.response is not None
+    assert (replay.response.body, replay.response.sha256) == (None, "abc")
+
+
+async def test_other_fingerprint_is_a_mismatch(store: GatewayStore):
+    await store.decide(BASE, timeout=T)
+    other = await store.decide(replace(BASE, fingerprint="0" * 64), timeout=T)
+    assert other.outcome is Outcome.MISMATCH
+
+
+async def test_keys_are_per_tenant(store: GatewayStore):
+    await store.decide(BASE, timeout=T)
+    other = await store.decide(replace(BASE, tenant="t2", fingerprint="0" * 64), timeout=T)
+    assert other.outcome is Outcome.RESERVED
+
+
+async def test_release_frees_the_key(store: GatewayStore):
+    first = await store.decide(BASE, timeout=T)
+    assert await store.release(holder(first.attempt), timeout=T)
+    assert (await store.decide(BASE, timeout=T)).outcome is Outcome.RESERVED
+
+
+async def test_writes_are_conditional_on_the_holder(store: GatewayStore):
+    first = await store.decide(BASE, timeout=T)
+    stranger = Reservation("t1", "k", "gw-b", 1)
+    old_attempt = Reservation("t1", "k", "gw-a", 7)
+    for reservation in (stranger, old_attempt):
+        assert not await store.complete(reservation, RESPONSE, ttl_seconds=60, timeout=T)
+        assert not await store.release(reservation, timeout=T)
+        assert not await store.mark_unknown(reservation, timeout=T)
+        assert not await store.renew(reservation, 30, timeout=T)
+    assert (await store.decide(BASE, timeout=T)).outcome is Outcome.IN_FLIGHT
+    assert await store.renew(holder(first.attempt), 30, timeout=T)
+
+
+async def test_expired_lease_is_taken_over_and_the_old_holder_cannot_record(store: GatewayStore):
+    short = replace(BASE, lease_seconds=0.2)
+    first = await store.decide(short, timeout=T)
+    await asyncio.sleep(0.5)
+    assert not await store.renew(holder(first.attempt), 30, timeout=T)
+    taken = await store.decide(replace(BASE, owner="gw-b"), timeout=T)
+    assert (taken.outcome, taken.attempt) == (Outcome.TAKEN_OVER, 2)
+    late = holder(first.attempt)
+    assert not await store.complete(late, RESPONSE, ttl_seconds=60, timeout=T)
+    new = Reservation("t1", "k", "gw-b", 2)
+    assert await store.complete(new, RESPONSE, ttl_seconds=60, timeout=T)
+
+
+@pytest.mark.parametrize(("retry", "outcome"), [(True, Outcome.RETRY_UNKNOWN),
+                                                (False, Outcome.UNKNOWN)])  # fmt: skip
+async def test_outcome_unknown_per_route(store: GatewayStore, retry: bool, outcome: Outcome):
+    first = await store.decide(BASE, timeout=T)
+    assert await store.mark_unknown(holder(first.attempt), timeout=T)
+    again = await store.decide(replace(BASE, retry_unknown=retry), timeout=T)
+    assert again.outcome is outcome
+    if retry:
+        assert again.attempt == 2
+
+
+async def test_fence_is_max_and_stale_stores_nothing(store: GatewayStore):
+    fenced = replace(BASE, entity="job:1", fence=5)
+    assert (await store.decide(fenced, timeout=T)).last_accepted == 5
+    stale = await store.decide(replace(fenced, key="k2", fence=4), timeout=T)
+    assert (stale.outcome, stale.last_accepted) == (Outcome.STALE, 5)
+    # Nothing was stored for k2: with a good fence it is a new key.
+    again = await store.decide(replace(fenced, key="k2", fence=5), timeout=T)
+    assert again.outcome is Outcome.RESERVED
+    higher = await store.decide(replace(fenced, key=None, fence=9), timeout=T)
+    assert (higher.outcome, higher.last_accepted) == (Outcome.FENCE_ONLY, 9)
+    assert (await store.decide(replace(fenced, key=None, fence=8), timeout=T)).outcome is (
+        Outcome.STALE
+    )
+
+
+async def test_fences_are_per_tenant_and_entity(store: GatewayStore):
+    await store.decide(replace(BASE, key=None, entity="e", fence=100), timeout=T)
+    for other in (replace(BASE, tenant="t2"), replace(BASE, entity="e2")):
+        decision = await store.decide(replace(other, key=None, entity=other.entity or "e",
+                                              fence=1), timeout=T)  # fmt: skip
+        assert decision.outcome is Outcome.FENCE_ONLY
+
+
+async def test_largest_fence_fits(store: GatewayStore):
+    top = replace(BASE, key=None, entity="e", fence=2**63 - 1)
+    assert (await store.decide(top, timeout=T)).last_accepted == 2**63 - 1
+
+
+async def test_expired_key_is_free_again_and_purged(store: GatewayStore):
+    first = await store.decide(replace(BASE, ttl_seconds=0.2), timeout=T)
+    assert await store.complete(holder(first.attempt), RESPONSE, ttl_seconds=0.2, timeout=T)
+    await store.decide(replace(BASE, key="gone", ttl_seconds=0.2), timeout=T)
+    await store.decide(replace(BASE, key="kept"), timeout=T)
+    await asyncio.sleep(0.5)
+    assert (await store.decide(BASE, timeout=T)).outcome is Outcome.RESERVED
+    counts = await store.purge(fence_ttl_seconds=3600, batch_size=1, timeout=T)
+    assert counts.keys == 1  # "gone"; "k" was renewed above, "kept" has a day left
+    assert (await store.decide(replace(BASE, key="kept"), timeout=T)).outcome is (Outcome.IN_FLIGHT)
+
+
+async def test_purge_removes_idle_fences_and_expired_nonces(store: GatewayStore):
+    for entity in ("a", "b", "c"):
+        await store.decide(replace(BASE, key=None, entity=entity, fence=3), timeout=T)
+    assert await store.remember_nonce("key-1", "n-old", 0.2, timeout=T)
+    assert await store.remember_nonce("key-1", "n-new", 3600, timeout=T)
+    await asyncio.sleep(0.5)
+    counts = await store.purge(fence_ttl_seconds=0.3, batch_size=2, timeout=T)
+    assert (counts.keys, counts.fences, counts.nonces) == (0, 3, 1)
+    # A purged fence no longer holds anything back.
+    low = await store.decide(replace(BASE, key=None, entity="a", fence=1), timeout=T)
+    assert low.outcome is Outcome.FENCE_ONLY
+    assert not await store.remember_nonce("key-1", "n-new", 3600, timeout=T)
+
+
+async def test_nonce_is_remembered_until_it_expires(store: GatewayStore):
+    assert await store.remember_nonce("key-1", "abc", 0.2, timeout=T)
+    assert not await store.remember_nonce("key-1", "abc", 0.2, timeout=T)
+    assert await store.remember_nonce("key-2", "abc", 0.2, timeout=T)
+    await asyncio.sleep(0.5)
+    assert await store.remember_nonce("key-1", "abc", 60, timeout=T)
+
+
+async def test_ping(store: GatewayStore):
+    await store.ping(timeout=T)
+
+
+async def test_concurrent_decisions_reserve_once(store: GatewayStore):
+    decisions = await asyncio.gather(
+        *(store.decide(replace(BASE, owner=f"gw-{i}"), timeout=T) for i in range(20))
+    )
+    outcomes = [d.outcome for d in decisions]
+    assert outcomes.count(Outcome.RESERVED) == 1
+    assert outcomes.count(Outcome.IN_FLIGHT) == 19
+
+
+def test_purge_command(store_url: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "fencegate.cli", "purge", "--database-url", store_url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "purged 0 keys, 0 fences, 0 nonces"
+
+
+def test_purge_command_names_a_bad_url() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "fencegate.cli", "purge", "--database-url", "mysql://x"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "unsupported database URL" in result.stderr
