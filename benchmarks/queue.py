@@ -116,7 +116,8 @@ async def fencegate_throughput(
                     leases = await queue.claim(name, kinds=["noop"], limit=batch, timeout=30)
                     if not leases:
                         return
-                    renewed = [await queue.extend(lease, timeout=30) for lease in leases]
+                    # One extend per job, renewed together as a worker holding a batch does.
+                    renewed = await queue.extend_many(leases, timeout=30)
                     answers = await queue.complete_many(
                         [(lease, None) for lease in renewed if lease is not None], timeout=30
                     )

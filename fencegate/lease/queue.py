@@ -238,6 +238,19 @@ class LeaseQueue:
             return None
         return replace(lease, lease_until=lease_until)
 
+    async def extend_many(
+        self, leases: Sequence[Lease], *, timeout: float = DEFAULT_TIMEOUT
+    ) -> list[Lease | None]:
+        """`extend` for many leases in one transaction (a worker renewing all it holds);
+        one answer per lease, None where that lease is lost."""
+        if not leases:
+            return []
+        renewed = await self._driver.extend_many(leases, timeout=timeout)
+        return [
+            None if until is None else replace(lease, lease_until=until)
+            for lease, until in zip(leases, renewed, strict=True)
+        ]
+
     async def complete(
         self, lease: Lease, result: Any = None, *, timeout: float = DEFAULT_TIMEOUT
     ) -> bool:

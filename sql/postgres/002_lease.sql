@@ -34,7 +34,7 @@ CREATE TABLE fencegate_jobs (
 -- Claim looks for queued work by kind in id order, and for running work whose lease ran out.
 CREATE INDEX fencegate_jobs_queued ON fencegate_jobs (kind, id) WHERE state = 'queued';
 CREATE INDEX fencegate_jobs_running ON fencegate_jobs (lease_until) WHERE state = 'running';
-CREATE INDEX fencegate_jobs_state_kind ON fencegate_jobs (state, kind, id);
+CREATE INDEX fencegate_jobs_queued_any ON fencegate_jobs (id) WHERE state = 'queued';
 
 CREATE TABLE fencegate_job_attempts (
     fencing_token bigint PRIMARY KEY,

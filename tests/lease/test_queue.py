@@ -168,6 +168,22 @@ async def test_extend_renews_only_for_the_current_owner(queue: LeaseQueue) -> No
     assert await queue.extend(renewed) is None  # expired: zero rows even with no new owner
 
 
+async def test_extend_many_answers_per_lease(queue: LeaseQueue) -> None:
+    await queue.enqueue_many([{"kind": "create_case", "payload": i} for i in range(3)])
+    leases = await queue.claim("w1", limit=3)
+    await asyncio.sleep(0.05)  # SQLite's clock moves in milliseconds
+    stale = _with(leases[1], fencing_token=leases[1].fencing_token + 100)
+    renewed = await queue.extend_many([leases[0], stale, leases[2]])
+    assert renewed[1] is None
+    for old, new in ((leases[0], renewed[0]), (leases[2], renewed[2])):
+        assert new is not None
+        assert (new.job_id, new.fencing_token) == (old.job_id, old.fencing_token)
+        assert new.lease_until > old.lease_until
+        assert (await queue.get(new.job_id)).lease_until == new.lease_until
+    assert (await queue.get(leases[1].job_id)).lease_until == leases[1].lease_until
+    assert await queue.extend_many([]) == []
+
+
 async def test_expired_lease_is_reclaimed_and_the_old_owner_is_fenced(queue: LeaseQueue) -> None:
     job_id = await queue.enqueue("create_case", {"n": 1}, **SHORT)
     old = await claim_one(queue, "w1")

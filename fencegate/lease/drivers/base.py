@@ -28,6 +28,10 @@ class Driver(Protocol):
         """The new lease_until, or None when the lease is no longer held."""
         ...
 
+    async def extend_many(
+        self, leases: Sequence[Lease], *, timeout: float
+    ) -> list[datetime | None]: ...
+
     async def complete_many(
         self, items: Sequence[tuple[Lease, Any]], *, timeout: float
     ) -> list[bool]: ...

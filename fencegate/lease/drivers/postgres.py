@@ -121,18 +121,28 @@ WITH exhausted AS (
                        FOR UPDATE SKIP LOCKED)
     RETURNING j.fencing_token, j.error
 ),
-candidates AS (
+-- Expired leases first (they have waited longest), then queued work in id order, each from
+-- its own partial index; the queued scan only looks for (and locks) what is still missing.
+expired AS (
     SELECT id, fencing_token AS previous_token,
-           CASE WHEN state = 'running'
-                THEN to_jsonb(format('lease expired on attempt %s of %s', attempt, max_attempts))
-           END AS expiry_error
+           to_jsonb(format('lease expired on attempt %s of %s', attempt, max_attempts))
+               AS expiry_error
       FROM fencegate_jobs
-     WHERE ((state = 'queued' AND run_after <= now())
-            OR (state = 'running' AND lease_until < now() AND attempt < max_attempts))
-           {kinds}
-     ORDER BY id
+     WHERE state = 'running' AND lease_until < now() AND attempt < max_attempts {kinds}
+     ORDER BY lease_until
      LIMIT $3
        FOR UPDATE SKIP LOCKED
+),
+queued AS (
+    SELECT id, fencing_token AS previous_token, NULL::jsonb AS expiry_error
+      FROM fencegate_jobs
+     WHERE state = 'queued' AND run_after <= now() {kinds}
+     ORDER BY id
+     LIMIT $3 - (SELECT count(*) FROM expired)
+       FOR UPDATE SKIP LOCKED
+),
+candidates AS (
+    SELECT * FROM expired UNION ALL SELECT * FROM queued
 ),
 granted AS (
     UPDATE fencegate_jobs AS j
@@ -160,6 +170,9 @@ opened AS (
 )
 SELECT {lease_columns} FROM granted ORDER BY id
 """
+# One kind (the common case) walks the (kind, id) index in order; several kinds or any kind
+# walk the (id) index and filter.
+CLAIM_ONE_KIND = _CLAIM_TEMPLATE.format(kinds="AND kind = $2::text", lease_columns=_LEASE_COLUMNS)
 CLAIM_KINDS = _CLAIM_TEMPLATE.format(
     kinds="AND kind = ANY($2::text[])", lease_columns=_LEASE_COLUMNS
 )
@@ -173,6 +186,16 @@ UPDATE fencegate_jobs
 RETURNING lease_until
 """
 
+EXTEND_MANY = """
+UPDATE fencegate_jobs AS j
+   SET lease_until = now() + make_interval(secs => j.lease_seconds), heartbeat_at = now(),
+       updated_at = now()
+  FROM unnest($1::bigint[], $2::text[], $3::bigint[]) AS i(id, owner_id, fencing_token)
+ WHERE j.id = ANY($1::bigint[]) AND j.id = i.id AND j.state = 'running'
+   AND j.owner_id = i.owner_id AND j.fencing_token = i.fencing_token AND j.lease_until > now()
+RETURNING j.id, j.fencing_token, j.lease_until
+"""
+
 COMPLETE_MANY = """
 WITH input AS (
     SELECT * FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::jsonb[])
@@ -183,15 +206,16 @@ done AS (
        SET state = 'succeeded', result = i.result, error = NULL, lease_until = NULL,
            updated_at = now()
       FROM input AS i
-     WHERE j.id = i.id AND j.state = 'running' AND j.owner_id = i.owner_id
-       AND j.fencing_token = i.fencing_token AND j.lease_until > now()
+     WHERE j.id = ANY($1::bigint[]) AND j.id = i.id AND j.state = 'running'
+       AND j.owner_id = i.owner_id AND j.fencing_token = i.fencing_token
+       AND j.lease_until > now()
     RETURNING j.id, j.fencing_token
 ),
 ended AS (
     UPDATE fencegate_job_attempts AS a
        SET ended_at = now(), outcome = 'succeeded'
       FROM done
-     WHERE a.fencing_token = done.fencing_token
+     WHERE a.fencing_token = ANY($3::bigint[]) AND a.fencing_token = done.fencing_token
 )
 SELECT id FROM done
 """
@@ -214,7 +238,7 @@ closed AS (
        SET ended_at = now(), error = $4::jsonb,
            outcome = CASE WHEN e.state = 'failed' THEN 'failed' ELSE 'retry_scheduled' END
       FROM ended AS e
-     WHERE a.fencing_token = e.fencing_token
+     WHERE a.fencing_token = $3 AND a.fencing_token = e.fencing_token
 )
 SELECT state FROM ended
 """
@@ -232,7 +256,7 @@ closed AS (
     UPDATE fencegate_job_attempts AS a
        SET ended_at = now(), outcome = 'released'
       FROM released AS r
-     WHERE a.fencing_token = r.fencing_token
+     WHERE a.fencing_token = $3 AND a.fencing_token = r.fencing_token
 )
 SELECT count(*) FROM released
 """
@@ -252,8 +276,9 @@ closed AS (
     UPDATE fencegate_job_attempts AS a
        SET ended_at = now(), outcome = 'cancelled', error = $2::jsonb
       FROM cancelled AS c
-     WHERE c.previous_state = 'running' AND a.fencing_token = c.fencing_token
-       AND a.ended_at IS NULL
+     WHERE c.previous_state = 'running'
+       AND a.fencing_token = (SELECT fencing_token FROM target)
+       AND a.fencing_token = c.fencing_token AND a.ended_at IS NULL
 )
 SELECT (SELECT count(*) FROM target) AS found, (SELECT count(*) FROM cancelled) AS cancelled
 """
@@ -547,10 +572,16 @@ class PostgresDriver:
         self, owner_id: str, kinds: Sequence[str] | None, limit: int, *, timeout: float
     ) -> list[Lease]:
         self._notifications.mark_claimed(kinds)
-        query = CLAIM_ANY if kinds is None else CLAIM_KINDS
-        kind_list = None if kinds is None else list(kinds)
+        query: str
+        kind_arg: str | list[str] | None
+        if kinds is None:
+            query, kind_arg = CLAIM_ANY, None
+        elif len(kinds) == 1:
+            query, kind_arg = CLAIM_ONE_KIND, kinds[0]
+        else:
+            query, kind_arg = CLAIM_KINDS, list(kinds)
         rows = await self._run(
-            lambda conn, t: conn.fetch(query, owner_id, kind_list, limit, timeout=t),
+            lambda conn, t: conn.fetch(query, owner_id, kind_arg, limit, timeout=t),
             timeout=timeout,
         )
         return [_lease(row) for row in rows]
@@ -564,6 +595,22 @@ class PostgresDriver:
         )
         assert value is None or isinstance(value, datetime)
         return value
+
+    async def extend_many(
+        self, leases: Sequence[Lease], *, timeout: float
+    ) -> list[datetime | None]:
+        rows = await self._run(
+            lambda conn, t: conn.fetch(
+                EXTEND_MANY,
+                [lease.job_id for lease in leases],
+                [lease.owner_id for lease in leases],
+                [lease.fencing_token for lease in leases],
+                timeout=t,
+            ),
+            timeout=timeout,
+        )
+        renewed = {(row["id"], row["fencing_token"]): row["lease_until"] for row in rows}
+        return [renewed.get((lease.job_id, lease.fencing_token)) for lease in leases]
 
     async def complete_many(
         self, items: Sequence[tuple[Lease, Any]], *, timeout: float

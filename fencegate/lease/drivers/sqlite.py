@@ -240,17 +240,26 @@ class SQLiteDriver:
             ).fetchall()
             for token, error in exhausted:
                 _end_attempt(conn, token, now, "lease_expired", error)
+            # Expired leases first (they have waited longest), then queued work in id order,
+            # each from its own partial index.
             candidates = conn.execute(
                 f"""SELECT id, state, fencing_token, attempt, max_attempts
                       FROM fencegate_jobs
-                     WHERE ((state = 'queued' AND run_after <= ?)
-                            OR (state = 'running' AND lease_until < ?
-                                AND attempt < max_attempts))
+                     WHERE state = 'running' AND lease_until < ? AND attempt < max_attempts
                            {kind_sql}
-                     ORDER BY id
+                     ORDER BY lease_until
                      LIMIT ?""",
-                (now, now, *kind_args, limit),
+                (now, *kind_args, limit),
             ).fetchall()
+            if len(candidates) < limit:
+                candidates += conn.execute(
+                    f"""SELECT id, state, fencing_token, attempt, max_attempts
+                          FROM fencegate_jobs
+                         WHERE state = 'queued' AND run_after <= ? {kind_sql}
+                         ORDER BY id
+                         LIMIT ?""",
+                    (now, *kind_args, limit - len(candidates)),
+                ).fetchall()
             if not candidates:
                 return []
             last = conn.execute(
@@ -300,6 +309,25 @@ class SQLiteDriver:
             return None if row is None else float(row[0])
 
         return _time(await self._run(run, timeout=timeout, write=True))
+
+    async def extend_many(
+        self, leases: Sequence[Lease], *, timeout: float
+    ) -> list[datetime | None]:
+        def run(conn: sqlite3.Connection) -> list[float | None]:
+            now = conn.execute(_NOW).fetchone()[0]
+            renewed: list[float | None] = []
+            for lease in leases:
+                row = conn.execute(
+                    f"""UPDATE fencegate_jobs
+                           SET lease_until = ? + lease_seconds, heartbeat_at = ?, updated_at = ?
+                         WHERE {_HELD}
+                        RETURNING lease_until""",
+                    (now, now, now, lease.job_id, lease.owner_id, lease.fencing_token, now),
+                ).fetchone()
+                renewed.append(None if row is None else float(row[0]))
+            return renewed
+
+        return [_time(value) for value in await self._run(run, timeout=timeout, write=True)]
 
     async def complete_many(
         self, items: Sequence[tuple[Lease, Any]], *, timeout: float
