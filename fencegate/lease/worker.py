@@ -26,7 +26,7 @@ import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import aiohttp
 
@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from fencegate.lease.models import Lease
     from fencegate.lease.policy import WorkClass
     from fencegate.lease.queue import LeaseQueue
+    from fencegate.lease.testing import PartitionedStore
     from fencegate.types import RequestSigner
 
 Tool = Callable[[JobContext], Coroutine[Any, Any, Any]]
@@ -76,7 +77,7 @@ def error_record(exc: BaseException) -> dict[str, str]:
 class Worker:
     def __init__(
         self,
-        queue: str | LeaseQueue,
+        queue: str | LeaseQueue | PartitionedStore,
         *,
         tools: Mapping[str, Tool],
         worker_id: str | None = None,
@@ -169,7 +170,7 @@ class Worker:
             self.queue = await LeaseQueue.connect(self._queue_arg, timeout=self.store_timeout)
             self._owns_queue = True
         else:
-            self.queue = self._queue_arg
+            self.queue = cast("LeaseQueue", self._queue_arg)
         for work_class in self.work_classes:
             self.queue.declare(work_class)
         connect = self._heartbeat_store or self._default_heartbeat_store()

@@ -1,0 +1,262 @@
+"""The heartbeat controller on both stores: it runs beside a tool that blocks its event
+loop, renews only while the tool runs, and reacts to a store that stops answering by
+refusing new actions, then giving up locally so a new owner can take over."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from fencegate.lease import Lease, LeaseQueue
+from fencegate.lease.events import EventLog
+from fencegate.lease.execution import Execution, OwnershipUnknown
+from fencegate.lease.heartbeat import HeartbeatController
+from fencegate.lease.job import JobContext
+from fencegate.lease.metrics import WorkerMetrics
+from fencegate.lease.testing import PartitionedStore, PartitionSwitch
+from fencegate.lease.worker import Worker
+from tests.lease.worker_helpers import names, running, wait_for_state, wait_until
+
+
+@pytest.fixture
+async def queue(store_url: str) -> AsyncIterator[LeaseQueue]:
+    q = await LeaseQueue.connect(store_url)
+    try:
+        yield q
+    finally:
+        await q.close()
+
+
+def claimer_thread(
+    url: str, kind: str, stop: threading.Event, won: list[Lease]
+) -> threading.Thread:
+    """A rival worker on its own thread, loop and connection, claiming as fast as it can."""
+
+    async def rival() -> None:
+        q = await LeaseQueue.connect(url)
+        try:
+            while not stop.is_set():
+                won.extend(await q.claim("rival", kinds=[kind], limit=1, timeout=10))
+                await asyncio.sleep(0.05)
+        finally:
+            await q.close()
+
+    thread = threading.Thread(target=asyncio.run, args=(rival(),), daemon=True)
+    thread.start()
+    return thread
+
+
+async def test_a_tool_blocking_its_event_loop_keeps_its_lease(
+    store_url: str, queue: LeaseQueue
+) -> None:
+    lease_seconds, heartbeat_seconds = 1.2, 0.4
+
+    async def blocking(job: JobContext) -> str:
+        # A native call or a careless time.sleep: the worker's loop is frozen for three
+        # heartbeat periods, longer than the lease itself.
+        time.sleep(max(3 * heartbeat_seconds, 1.5 * lease_seconds))  # noqa: ASYNC251
+        return "done"
+
+    job_id = await queue.enqueue(
+        "blocking",
+        {},
+        idempotency_key="blocking:1",
+        lease_seconds=lease_seconds,
+        heartbeat_seconds=heartbeat_seconds,
+        jitter_seconds=0.5,
+    )
+    stop, won = threading.Event(), []
+    events = EventLog()
+    worker = Worker(
+        store_url,
+        tools={"blocking": blocking},
+        worker_id="w1",
+        events=events,
+        metrics=WorkerMetrics(registry=CollectorRegistry()),
+    )
+    async with running(worker):
+        await wait_until(lambda: events.named("job_claimed"), what="claim")
+        rival = claimer_thread(store_url, "blocking", stop, won)
+        job = await wait_for_state(queue, job_id, "succeeded", "failed", "queued")
+        stop.set()
+    rival.join(timeout=30)
+    assert won == []  # the rival never got the job
+    assert (job.state, job.result, job.attempt) == ("succeeded", "done", 1)
+    [claimed] = events.named("job_claimed")
+    assert job.fencing_token == claimed["token"]
+    assert len(await queue.attempts(job_id)) == 1
+    assert len(events.named("heartbeat_ok")) >= 2
+
+
+async def test_renews_only_while_the_execution_runs(store_url: str, queue: LeaseQueue) -> None:
+    extends: list[float] = []
+
+    class Counting:
+        def __init__(self, inner: LeaseQueue) -> None:
+            self.inner = inner
+
+        async def extend(self, lease: Lease, *, timeout: float) -> Lease | None:
+            extends.append(time.monotonic())
+            return await self.inner.extend(lease, timeout=timeout)
+
+        async def get(self, job_id: Any, *, timeout: float) -> Any:
+            return await self.inner.get(job_id, timeout=timeout)
+
+        async def close(self) -> None:
+            await self.inner.close()
+
+    async def connect() -> Counting:
+        return Counting(await LeaseQueue.connect(store_url))
+
+    await queue.enqueue(
+        "k", {}, idempotency_key="k:1", lease_seconds=2, heartbeat_seconds=0.2, jitter_seconds=1
+    )
+    [lease] = await queue.claim("w1", kinds=["k"])
+    controller = HeartbeatController(
+        connect,
+        events=EventLog(),
+        metrics=WorkerMetrics(registry=CollectorRegistry()),
+        worker_id="w1",
+    )
+    await asyncio.to_thread(controller.start, timeout=10)
+    try:
+        execution = Execution(lease, confirmed_at=time.monotonic())
+        controller.register(execution, kind="k", cancel=lambda: None, margin=0.2)
+        await wait_until(lambda: len(extends) >= 3, what="three renewals", timeout=30)
+        controller.unregister(execution)
+        stopped_at = len(extends)
+        await asyncio.sleep(1.0)  # five periods
+        assert len(extends) <= stopped_at + 1  # at most the one already in flight
+    finally:
+        await asyncio.to_thread(controller.stop, timeout=10)
+
+
+async def test_unknown_ownership_refuses_actions_until_a_renewal_succeeds(
+    store_url: str, queue: LeaseQueue
+) -> None:
+    switch = PartitionSwitch()
+    seen: list[str] = []
+    healed = asyncio.Event()
+
+    async def careful(job: JobContext) -> str:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                job.guard()
+                seen.append("ok")
+                if healed.is_set() and "unknown" in seen:
+                    return "acted after renewal"
+            except OwnershipUnknown:
+                seen.append("unknown")
+            await asyncio.sleep(0.05)
+        return "gave up waiting"
+
+    job_id = await queue.enqueue(
+        "careful",
+        {},
+        idempotency_key="careful:1",
+        lease_seconds=3,
+        heartbeat_seconds=0.5,
+        jitter_seconds=1,
+    )
+
+    async def heartbeat_store() -> PartitionedStore:
+        return PartitionedStore(await LeaseQueue.connect(store_url), switch)
+
+    events = EventLog()
+    worker = Worker(
+        store_url,
+        tools={"careful": careful},
+        worker_id="w1",
+        events=events,
+        metrics=WorkerMetrics(registry=CollectorRegistry()),
+        heartbeat_store=heartbeat_store,
+        ownership_margin_seconds=0.5,
+    )
+    async with running(worker):
+        await wait_until(lambda: events.named("job_claimed"), what="claim")
+        switch.partition()
+        await wait_until(lambda: events.named("ownership_unknown"), what="ownership_unknown")
+        await wait_until(lambda: "unknown" in seen, what="guard refusal")
+        switch.heal()
+        healed.set()
+        job = await wait_for_state(queue, job_id, "succeeded", "failed", "queued")
+    assert (job.state, job.result, job.attempt) == ("succeeded", "acted after renewal", 1)
+    flow = names(events.for_job(job_id))
+    assert flow.index("heartbeat_failed") < flow.index("ownership_unknown")
+    assert "heartbeat_ok" in flow[flow.index("ownership_unknown") :]
+    assert "heartbeat_lost" not in flow
+
+
+async def test_partitioned_worker_gives_up_and_a_new_owner_takes_over(
+    store_url: str, queue: LeaseQueue
+) -> None:
+    switch = PartitionSwitch()
+    cancelled = asyncio.Event()
+
+    async def long_call(job: JobContext) -> str:
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        return "never"
+
+    job_id = await queue.enqueue(
+        "long",
+        {},
+        idempotency_key="long:1",
+        lease_seconds=2,
+        heartbeat_seconds=0.5,
+        jitter_seconds=0.5,
+    )
+    w1_queue = await LeaseQueue.connect(store_url)
+
+    async def heartbeat_store() -> PartitionedStore:
+        return PartitionedStore(await LeaseQueue.connect(store_url), switch)
+
+    events = EventLog()
+    worker = Worker(
+        PartitionedStore(w1_queue, switch),
+        tools={"long": long_call},
+        worker_id="w1",
+        events=events,
+        metrics=WorkerMetrics(registry=CollectorRegistry()),
+        heartbeat_store=heartbeat_store,
+    )
+    try:
+        async with running(worker):
+            await wait_until(lambda: events.named("job_claimed"), what="claim")
+            [claimed] = events.named("job_claimed")
+            switch.partition()
+            await asyncio.wait_for(cancelled.wait(), 30)
+            # W2 claims once the lease has run out on the database clock.
+            deadline = time.monotonic() + 30
+            leases: list[Lease] = []
+            while not leases and time.monotonic() < deadline:
+                leases = await queue.claim("w2", kinds=["long"], limit=1)
+                await asyncio.sleep(0.05)
+            [w2] = leases
+            assert w2.fencing_token > claimed["token"] and w2.attempt == 2
+            assert await queue.complete(w2, "done by w2")
+            switch.heal()
+    finally:
+        await w1_queue.close()
+    flow = names(events.for_job(job_id))
+    assert flow[:3] == ["job_claimed", "heartbeat_failed", "ownership_unknown"]
+    [lost] = events.named("heartbeat_lost")
+    assert lost["reason"] == "ownership_unknown_past_margin"
+    assert "result_rejected" in flow and "result_committed" not in flow
+    job = await queue.get(job_id)
+    assert (job.state, job.result, job.owner_id) == ("succeeded", "done by w2", "w2")
+    history = await queue.attempts(job_id)
+    assert [(a.owner_id, a.outcome) for a in history] == [
+        ("w1", "lease_expired"),
+        ("w2", "succeeded"),
+    ]
