@@ -22,7 +22,7 @@ logger = logging.getLogger("fencegate.gateway")
 
 
 def load_authenticator(
-    spec: str | dict[str, Any] | None, *, base_dir: Path | None = None
+    spec: str | dict[str, Any] | list[Any] | None, *, base_dir: Path | None = None
 ) -> Authenticator | None:
     """Step 1 is provided by `fencegate.signatures`, imported only when keys are
     configured, so a gateway without signatures never loads it."""

@@ -143,7 +143,7 @@ class GatewayConfig(BaseModel):
 
     settings: GatewaySettings
     routes: list[Route] = Field(default_factory=list)
-    keys_table: dict[str, Any] | None = None
+    keys_table: dict[str, Any] | list[Any] | None = None
 
     def policies(self) -> list[RoutePolicy]:
         return [r.policy(default_upstream=self.settings.upstream) for r in self.routes]
@@ -162,7 +162,7 @@ class GatewayConfig(BaseModel):
         config = self.settings.config
         return config.resolve().parent if config is not None else None
 
-    def authenticator_spec(self) -> str | dict[str, Any] | None:
+    def authenticator_spec(self) -> str | dict[str, Any] | list[Any] | None:
         return self.settings.keys or self.keys_table
 
 
@@ -171,7 +171,7 @@ class _ConfigFile(BaseModel):
 
     gateway: dict[str, Any] = Field(default_factory=dict)
     routes: list[dict[str, Any]] = Field(default_factory=list)
-    keys: dict[str, Any] | None = None  # the signature part reads it
+    keys: dict[str, Any] | list[Any] | None = None  # `[keys]` or `[[keys]]`: for the signatures
 
 
 def describe(exc: ValidationError, *, prefix: str = "") -> str:
