@@ -1,0 +1,25 @@
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    FENCEGATE_HOST=0.0.0.0 \
+    FENCEGATE_PORT=8080
+
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY fencegate ./fencegate
+COPY sql ./sql
+RUN pip install . && rm -rf /src
+
+RUN useradd --system --create-home --home-dir /var/lib/fencegate fencegate
+USER fencegate
+# The embedded SQLite store (./fencegate.db) lives here unless FENCEGATE_DATABASE_URL is set.
+WORKDIR /var/lib/fencegate
+VOLUME ["/var/lib/fencegate"]
+
+EXPOSE 8080
+HEALTHCHECK --interval=10s --timeout=3s --start-period=10s --retries=3 \
+    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/healthz' % os.environ.get('FENCEGATE_PORT', '8080'), timeout=2)"]
+
+ENTRYPOINT ["fencegate", "serve"]
