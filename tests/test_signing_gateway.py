@@ -4,6 +4,7 @@ upstream that counts what it executes."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import base64
 import datetime
 import hashlib
@@ -468,3 +469,20 @@ async def test_a_nonce_that_cannot_be_recorded_is_never_forwarded(
     assert response.status_code == 503, response.text
     assert problem_kind(response) == "store-unavailable"
     assert upstream.count("pg:cut:after") == 0
+
+
+async def test_a_captured_request_raced_in_parallel_runs_once(
+    gateway: GatewayProcess, upstream: UpstreamProcess
+) -> None:
+    key = "cheat:race"
+    headers = fence_headers(key)
+    body = b'{"title":"refund"}'
+    ACME.sign("POST", gateway.url + PATH, headers, body)
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=60) as http:
+        answers = await asyncio.gather(
+            *(http.post(PATH, headers=headers, content=body) for _ in range(8))
+        )
+    statuses = sorted(a.status_code for a in answers)
+    assert statuses == [200] + [401] * 7
+    assert {problem_kind(a) for a in answers if a.status_code == 401} == {"nonce-replayed"}
+    assert upstream.count(key) == 1
