@@ -486,3 +486,27 @@ async def test_a_captured_request_raced_in_parallel_runs_once(
     assert statuses == [200] + [401] * 7
     assert {problem_kind(a) for a in answers if a.status_code == 401} == {"nonce-replayed"}
     assert upstream.count(key) == 1
+
+
+@pytest.mark.parametrize("form", ["FENCEGATE_KEYS inline", "[keys] in --config"])
+def test_keys_from_the_environment_or_the_config_file(
+    upstream: UpstreamProcess, tmp_path: Path, form: str
+) -> None:
+    secret = base64.b64encode(GLOBEX_SECRET).decode()
+    entry = f'id = "globex-1"\ntenant = "globex"\nalg = "hmac-sha256"\nsecret = "{secret}"\n'
+    env: dict[str, str] = {}
+    config: Path | None = None
+    if form == "FENCEGATE_KEYS inline":
+        env["FENCEGATE_KEYS"] = "[[keys]]\n" + entry
+    else:
+        (tmp_path / "keys.toml").write_text("[[keys]]\n" + entry)
+        config = tmp_path / "fencegate.toml"
+        config.write_text('[keys]\nfile = "keys.toml"\n')
+    database = f"sqlite:///{tmp_path / 'gateway.db'}"
+    with GatewayProcess(upstream=upstream.url, database_url=database, config=config, env=env) as gw:
+        with httpx.Client(base_url=gw.url, timeout=30) as http:
+            key = f"keys-form:{form}"
+            assert signed_send(http, GLOBEX, key).status_code == 200
+            unsigned = send(http, fence_headers(key + ":unsigned"), b"{}")
+            assert unsigned.status_code == 401
+    assert upstream.count(key) == 1
