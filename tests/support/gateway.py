@@ -81,8 +81,11 @@ class GatewayProcess:
         self.start()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, *exc: object) -> None:
         self.terminate()
+        if exc_type is not None:
+            # pytest shows captured output of a failed test: the gateway's side of the story.
+            print(f"--- fencegate serve on port {self.port} ---\n{self.log_text()}")
         self._log.close()
         self._tmp.cleanup()
 
