@@ -1,0 +1,95 @@
+"""A worker process killed with SIGKILL (no clean-up of any kind): its job is claimed
+again once the lease runs out on the database clock, by a new owner with a larger token."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from fencegate.lease import LeaseQueue
+from fencegate.lease.events import read_events
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def start_worker_process(url: str, events: Path, *args: str) -> subprocess.Popen[bytes]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.lease.worker_process",
+            "--url",
+            url,
+            "--events",
+            str(events),
+            *args,
+        ],
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+
+
+def read(events: Path) -> list[dict[str, object]]:
+    if not events.exists():
+        return []
+    lines = events.read_bytes().splitlines()
+    return read_events(lines[:-1] if lines and not lines[-1].endswith(b"}") else lines)
+
+
+async def test_killed_worker_job_is_claimed_again_after_its_lease(
+    store_url: str, tmp_path: Path
+) -> None:
+    lease_seconds = 2.0
+    queue = await LeaseQueue.connect(store_url)
+    events = tmp_path / "events.jsonl"
+    job_id = await queue.enqueue(
+        "work",
+        {"seconds": 120},
+        idempotency_key="work:kill-me",
+        lease_seconds=lease_seconds,
+        heartbeat_seconds=0.5,
+        jitter_seconds=0.5,
+    )
+    proc = start_worker_process(store_url, events, "--tool", "sleep", "--name", "victim")
+    try:
+        deadline = time.monotonic() + 60
+        while not any(e["event"] == "heartbeat_ok" for e in read(events)):
+            assert proc.poll() is None, proc.stdout.read() if proc.stdout else b""
+            assert time.monotonic() < deadline, "the worker never renewed its lease"
+            await asyncio.sleep(0.05)
+        killed_at = await queue.now()
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+
+        leases = []
+        deadline = time.monotonic() + 60
+        while not leases and time.monotonic() < deadline:
+            leases = await queue.claim("rescuer", kinds=["work"], limit=1)
+            await asyncio.sleep(0.1)
+        [lease] = leases
+        history = await queue.attempts(job_id)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+        await queue.close()
+
+    [claimed] = [e for e in read(events) if e["event"] == "job_claimed"]
+    assert lease.job_id == job_id and lease.attempt == 2
+    assert lease.fencing_token > int(claimed["token"])  # type: ignore[call-overload]
+    first, second = history
+    assert (first.owner_id, first.outcome) == (claimed["worker"], "lease_expired")
+    assert second.owner_id == "rescuer"
+    # By the database clock: not before the lease ran out, and no later than lease + 1 s.
+    assert second.claimed_at >= first.claimed_at
+    waited = (second.claimed_at - killed_at).total_seconds()
+    assert waited <= lease_seconds + 1.0, f"reclaimed {waited:.2f}s after the kill"
