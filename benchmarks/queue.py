@@ -1,9 +1,11 @@
 """Lease queue benchmark: fencegate's LeaseQueue and PgQueuer side by side on one server.
 
-No-op jobs go through enqueue (batched) -> claim (batched) -> heartbeat (one extend per job)
--> complete (batched), with N worker tasks, on a fresh PostgreSQL database per run; the same
-number of jobs goes through PgQueuer (its own fresh database, its schema installed, N queue
-managers in drain mode, one connection each, the same batch size). Then:
+No-op jobs go through enqueue (batched) -> claim (batched) -> heartbeat (one extend per job,
+the batch renewed in one statement) -> complete (batched), with N worker tasks, on a fresh
+PostgreSQL database per run; the same number of jobs goes through PgQueuer (its own fresh
+database, its schema installed, N queue managers in drain mode, one connection each, the same
+batch size). The two alternate for several rounds and the table shows each one's median, so
+that a busy machine hurts both alike. Then:
 
 - pickup latency: workers idle-wait (LISTEN/NOTIFY), one job is enqueued, time until a
   worker holds it; p50/p99 over many samples, for both queues;
@@ -13,8 +15,8 @@ managers in drain mode, one connection each, the same batch size). Then:
 Run from the repository root (server from ``FENCEGATE_BENCH_DATABASE_URL``, default
 postgresql://postgres@127.0.0.1:5432/postgres)::
 
-    python -m benchmarks.queue [--jobs 5000] [--workers 4 8] [--batch 10] [--samples 100]
-                               [--profile]
+    python -m benchmarks.queue [--jobs 5000] [--workers 4 8] [--batch 10] [--rounds 5]
+                               [--samples 100] [--profile]
 
 Figures depend on the machine and on whatever else it is doing: compare rows of one run.
 """
@@ -33,7 +35,7 @@ import statistics
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -112,7 +114,7 @@ async def fencegate_throughput(
 
             async def worker(name: str) -> None:
                 nonlocal done
-                while done < jobs and time.monotonic() < deadline:
+                while time.monotonic() < deadline:
                     leases = await queue.claim(name, kinds=["noop"], limit=batch, timeout=30)
                     if not leases:
                         return
@@ -368,8 +370,8 @@ async def pgqueuer_pickup(server: str, *, samples: int, workers: int) -> Row:
 def print_profile(profiler: cProfile.Profile, title: str) -> None:
     out = io.StringIO()
     stats = pstats.Stats(profiler, stream=out)
-    stats.sort_stats("cumulative").print_stats(18)
-    print(f"\n-- cProfile, {title} (cumulative, top 18) --")
+    stats.sort_stats("tottime").print_stats(18)
+    print(f"\n-- cProfile, {title} (own time, top 18) --")
     print("\n".join(out.getvalue().splitlines()[4:]))
 
 
@@ -378,36 +380,36 @@ def fmt(value: float | None, spec: str) -> str:
 
 
 def print_table(
-    throughput: list[tuple[Row, Row]], pickup: tuple[Row, Row], recovery: Row, args: object
+    throughput: list[list[Row]], pickup: tuple[Row, Row], recovery: Row, args: argparse.Namespace
 ) -> None:
     print()
     print(
-        f"Lease queue benchmark: {args.jobs} no-op jobs, batch "
-        f"{args.batch}, one PostgreSQL server, one run"
+        f"Lease queue benchmark: {args.jobs} no-op jobs per run, batch {args.batch}, "
+        f"one PostgreSQL server; throughput is the median of {args.rounds} interleaved rounds"
     )
     print()
-    header = f"{'throughput':<28}{'jobs/s':>10}{'enqueue/s':>12}{'fencegate/PgQueuer':>21}"
+    header = f"{'throughput':<32}{'jobs/s':>10}{'enqueue/s':>12}{'vs PgQueuer':>14}"
     print(header)
     print("-" * len(header))
-    for fg, pq in throughput:
-        ratio = (
-            fg.jobs_per_second / pq.jobs_per_second
-            if fg.jobs_per_second and pq.jobs_per_second
-            else None
-        )
-        print(
-            f"{fg.name:<28}{fmt(fg.jobs_per_second, '10.0f')}{fmt(fg.enqueue_per_second, '12.0f')}"
-            f"{fmt(ratio, '20.2f')}x"
-        )
-        print(
-            f"{pq.name:<28}{fmt(pq.jobs_per_second, '10.0f')}{fmt(pq.enqueue_per_second, '12.0f')}"
-        )
+    for rows in throughput:
+        baseline = rows[-1].jobs_per_second
+        for row in rows:
+            ratio = (
+                row.jobs_per_second / baseline
+                if row is not rows[-1] and row.jobs_per_second and baseline
+                else None
+            )
+            print(
+                f"{row.name:<32}{fmt(row.jobs_per_second, '10.0f')}"
+                f"{fmt(row.enqueue_per_second, '12.0f')}"
+                + ("" if ratio is None else f"{ratio:13.2f}x")
+            )
     print()
-    header = f"{'pickup latency (idle workers)':<28}{'p50 ms':>10}{'p99 ms':>12}"
+    header = f"{'pickup latency (idle workers)':<32}{'p50 ms':>10}{'p99 ms':>12}"
     print(header)
     print("-" * len(header))
     for row in pickup:
-        print(f"{row.name:<28}{fmt(row.p50_ms, '10.1f')}{fmt(row.p99_ms, '12.1f')}")
+        print(f"{row.name:<32}{fmt(row.p50_ms, '10.1f')}{fmt(row.p99_ms, '12.1f')}")
     print()
     print(
         f"{recovery.name}: median {recovery.p50_ms:.0f} ms, worst {recovery.p99_ms:.0f} ms "
@@ -415,20 +417,39 @@ def print_table(
     )
 
 
+def median_row(rows: list[Row]) -> Row:
+    return Row(
+        rows[0].name,
+        jobs_per_second=statistics.median(r.jobs_per_second or 0.0 for r in rows),
+        enqueue_per_second=statistics.median(r.enqueue_per_second or 0.0 for r in rows),
+    )
+
+
 async def run(args: argparse.Namespace) -> None:
     server = os.environ.get("FENCEGATE_BENCH_DATABASE_URL", DEFAULT_SERVER)
-    throughput: list[tuple[Row, Row]] = []
+    throughput: list[list[Row]] = []
     for workers in args.workers:
-        fg = await fencegate_throughput(
-            server, jobs=args.jobs, workers=workers, batch=args.batch, profile=args.profile
-        )
-        pq = await pgqueuer_throughput(server, jobs=args.jobs, workers=workers, batch=args.batch)
-        throughput.append((fg, pq))
-        print(
-            f"  N={workers}: fencegate {fg.jobs_per_second:.0f} jobs/s, "
-            f"PgQueuer {pq.jobs_per_second:.0f} jobs/s",
-            file=sys.stderr,
-        )
+        runs: dict[str, Callable[[], Awaitable[Row]]] = {
+            "fencegate": lambda w=workers: fencegate_throughput(
+                server, jobs=args.jobs, workers=w, batch=args.batch, profile=args.profile
+            ),
+            "pgqueuer": lambda w=workers: pgqueuer_throughput(
+                server, jobs=args.jobs, workers=w, batch=args.batch
+            ),
+        }
+        results: dict[str, list[Row]] = {name: [] for name in runs}
+        names = list(runs)
+        for round_number in range(args.rounds):
+            # Rotate the order so that drift in the machine's load hits every contender.
+            for name in names[round_number % 2 :] + names[: round_number % 2]:
+                results[name].append(await runs[name]())
+            print(
+                f"  N={workers} round {round_number + 1}: "
+                + ", ".join(f"{n} {results[n][-1].jobs_per_second:.0f}" for n in names)
+                + " jobs/s",
+                file=sys.stderr,
+            )
+        throughput.append([median_row(results[name]) for name in names])
     pickup_workers = args.workers[0]
     pickup = (
         await fencegate_pickup(server, samples=args.samples, workers=pickup_workers),
@@ -444,10 +465,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workers", type=int, nargs="+", default=[4, 8])
     parser.add_argument("--batch", type=int, default=10)
     parser.add_argument("--samples", type=int, default=100)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--profile", action="store_true", help="cProfile the fencegate workers")
     args = parser.parse_args(argv)
-    if args.jobs < 1 or args.batch < 1 or args.samples < 2 or min(args.workers) < 1:
-        parser.error("--jobs, --batch, --workers must be positive and --samples at least 2")
+    if min(args.jobs, args.batch, args.rounds, *args.workers) < 1 or args.samples < 2:
+        parser.error("--jobs, --batch, --workers, --rounds must be positive, --samples >= 2")
     asyncio.run(run(args))
 
 
