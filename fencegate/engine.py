@@ -271,12 +271,7 @@ class Engine:
         )
         await self._record(
             "complete",
-            self.store.complete(
-                reservation,
-                stored,
-                ttl_seconds=policy.key_ttl_seconds,
-                timeout=self.store_timeout,
-            ),
+            self.store.complete(reservation, stored, timeout=self.store_timeout),
         )
         return GatewayResponse(answer.status, answer.headers, answer.body, "forwarded")
 

@@ -61,7 +61,7 @@ async def test_new_key_is_reserved_then_in_flight(store: GatewayStore):
 
 async def test_completed_key_replays_what_was_stored(store: GatewayStore):
     first = await store.decide(BASE, timeout=T)
-    assert await store.complete(holder(first.attempt), RESPONSE, ttl_seconds=3600, timeout=T)
+    assert await store.complete(holder(first.attempt), RESPONSE, timeout=T)
     replay = await store.decide(BASE, timeout=T)
     assert replay.outcome is Outcome.REPLAY
     assert replay.response == RESPONSE
@@ -70,7 +70,7 @@ async def test_completed_key_replays_what_was_stored(store: GatewayStore):
 async def test_body_too_large_is_recorded_without_body(store: GatewayStore):
     first = await store.decide(BASE, timeout=T)
     large = replace(RESPONSE, body=None, sha256="abc")
-    assert await store.complete(holder(first.attempt), large, ttl_seconds=3600, timeout=T)
+    assert await store.complete(holder(first.attempt), large, timeout=T)
     replay = await store.decide(BASE, timeout=T)
     assert replay.response is not None
     assert (replay.response.body, replay.response.sha256) == (None, "abc")
@@ -99,7 +99,7 @@ async def test_writes_are_conditional_on_the_holder(store: GatewayStore):
     stranger = Reservation("t1", "k", "gw-b", 1)
     old_attempt = Reservation("t1", "k", "gw-a", 7)
     for reservation in (stranger, old_attempt):
-        assert not await store.complete(reservation, RESPONSE, ttl_seconds=60, timeout=T)
+        assert not await store.complete(reservation, RESPONSE, timeout=T)
         assert not await store.release(reservation, timeout=T)
         assert not await store.mark_unknown(reservation, timeout=T)
         assert not await store.renew(reservation, 30, timeout=T)
@@ -115,9 +115,9 @@ async def test_expired_lease_is_taken_over_and_the_old_holder_cannot_record(stor
     taken = await store.decide(replace(BASE, owner="gw-b"), timeout=T)
     assert (taken.outcome, taken.attempt) == (Outcome.TAKEN_OVER, 2)
     late = holder(first.attempt)
-    assert not await store.complete(late, RESPONSE, ttl_seconds=60, timeout=T)
+    assert not await store.complete(late, RESPONSE, timeout=T)
     new = Reservation("t1", "k", "gw-b", 2)
-    assert await store.complete(new, RESPONSE, ttl_seconds=60, timeout=T)
+    assert await store.complete(new, RESPONSE, timeout=T)
 
 
 @pytest.mark.parametrize(("retry", "outcome"), [(True, Outcome.RETRY_UNKNOWN),
@@ -161,7 +161,7 @@ async def test_largest_fence_fits(store: GatewayStore):
 
 async def test_expired_key_is_free_again_and_purged(store: GatewayStore):
     first = await store.decide(replace(BASE, ttl_seconds=0.2), timeout=T)
-    assert await store.complete(holder(first.attempt), RESPONSE, ttl_seconds=0.2, timeout=T)
+    assert await store.complete(holder(first.attempt), RESPONSE, timeout=T)
     await store.decide(replace(BASE, key="gone", ttl_seconds=0.2), timeout=T)
     await store.decide(replace(BASE, key="kept"), timeout=T)
     await asyncio.sleep(0.5)

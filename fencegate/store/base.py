@@ -93,10 +93,10 @@ class GatewayStore(Protocol):
         reservation: Reservation,
         response: StoredResponse,
         *,
-        ttl_seconds: float,
         timeout: float,
     ) -> bool:
-        """Store the response; False when the reservation is no longer ours."""
+        """Store the response; False when the reservation is no longer ours. The key keeps
+        the expiry it was given at reservation."""
         ...
 
     async def release(self, reservation: Reservation, *, timeout: float) -> bool: ...

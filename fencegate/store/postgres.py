@@ -35,8 +35,7 @@ _COMPLETE = """
 UPDATE idempotency_keys
 SET state = 'completed', response_status = $5, response_headers = $6::jsonb,
     response_body = $7, response_sha256 = $8, body_too_large = $9,
-    completed_at = now(), locked_until = NULL,
-    expires_at = now() + make_interval(secs => $10)
+    completed_at = now(), locked_until = NULL
 WHERE tenant = $1 AND key = $2 AND owner = $3 AND attempt = $4 AND state = 'in_flight'
 """
 
@@ -182,7 +181,6 @@ class PostgresGatewayStore:
         reservation: Reservation,
         response: StoredResponse,
         *,
-        ttl_seconds: float,
         timeout: float,
     ) -> bool:
         r = reservation
@@ -199,7 +197,6 @@ class PostgresGatewayStore:
                 response.body,
                 response.sha256,
                 response.body is None,
-                float(ttl_seconds),
             ),
             timeout=timeout,
         )

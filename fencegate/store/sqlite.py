@@ -174,14 +174,12 @@ class SQLiteGatewayStore:
         reservation: Reservation,
         response: StoredResponse,
         *,
-        ttl_seconds: float,
         timeout: float,
     ) -> bool:
         sql = (
             "UPDATE idempotency_keys SET state = 'completed', response_status = ?, "
             "response_headers = ?, response_body = ?, response_sha256 = ?, "
-            f"body_too_large = ?, completed_at = {NOW}, locked_until = NULL, "
-            f"expires_at = {NOW} + ? WHERE {_OWNED}"
+            f"body_too_large = ?, completed_at = {NOW}, locked_until = NULL WHERE {_OWNED}"
         )
         params = (
             response.status,
@@ -189,7 +187,6 @@ class SQLiteGatewayStore:
             response.body,
             response.sha256,
             int(response.body is None),
-            float(ttl_seconds),
             *_key(reservation),
         )
         return await self._run(_execute(sql, params), timeout=timeout) > 0
