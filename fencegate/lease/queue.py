@@ -224,6 +224,7 @@ class LeaseQueue:
         lease) to ``owner_id``. ``kinds=None`` takes any kind."""
         if not owner_id:
             raise ValueError("owner_id must not be empty")
+        _check_kinds(kinds)
         if limit < 1:
             raise ValueError(f"limit {limit} must be at least 1")
         if kinds is not None and not kinds:
@@ -381,4 +382,11 @@ class LeaseQueue:
         job delayed by ``run_after`` or an expired lease is found by the next claim anyway.
         Never raises `StoreUnavailable`: an unreachable store just means no news.
         """
+        _check_kinds(kinds)
         return await self._driver.wait_for_work(kinds, timeout=timeout)
+
+
+def _check_kinds(kinds: Sequence[str] | None) -> None:
+    # A bare string is a sequence too: "ocr" would silently mean the kinds "o", "c" and "r".
+    if isinstance(kinds, str):
+        raise TypeError(f"kinds must be a list of kinds, e.g. kinds=[{kinds!r}]")

@@ -141,6 +141,8 @@ async def test_claim_takes_only_the_kinds_asked_for(queue: LeaseQueue) -> None:
     await queue.enqueue("ocr", None)
     assert await queue.claim("w1", kinds=["create_case"], limit=5) == []
     assert await queue.claim("w1", kinds=[], limit=5) == []
+    with pytest.raises(TypeError, match=r"kinds=\['ocr'\]"):
+        await queue.claim("w1", kinds="ocr")
     [lease] = await queue.claim("w1", limit=5)
     assert lease.kind == "ocr"
 

@@ -414,6 +414,7 @@ class _Notifications:
         key = _key(kinds)
         event = asyncio.Event()
         waiter = (key, event)
+        deadline = time.monotonic() + timeout
         try:
             async with asyncio.timeout(timeout):
                 if await self._ensure_connected(timeout) or self._notified_since_seen(kinds):
@@ -427,8 +428,9 @@ class _Notifications:
             self._probe_quietly()
             return False
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
-            # No listener: the caller falls back to polling at its own pace.
-            await asyncio.sleep(0)
+            # No listener (the server refused at once): wait out the timeout all the same, so
+            # that a caller looping on wait-then-claim does not spin while the store is down.
+            await asyncio.sleep(max(deadline - time.monotonic(), 0))
             return False
         finally:
             self._waiters.discard(waiter)
