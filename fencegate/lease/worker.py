@@ -481,15 +481,22 @@ class Worker:
         return self._session
 
 
-def run_worker(worker: Worker) -> None:
-    """Run a worker until SIGTERM or SIGINT, then shut it down gracefully."""
+def run_worker(*workers: Worker) -> None:
+    """Run workers until SIGTERM or SIGINT, then shut them down gracefully: stop claiming,
+    let running tools finish within each worker's grace, release the rest."""
+    if not workers:
+        raise ValueError("run_worker needs at least one worker")
+
+    def stop_all() -> None:
+        for worker in workers:
+            worker.stop()
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, worker.stop)
+            loop.add_signal_handler(sig, stop_all)
         try:
-            await worker.run()
+            await asyncio.gather(*(worker.run() for worker in workers))
         finally:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)

@@ -93,3 +93,43 @@ async def test_killed_worker_job_is_claimed_again_after_its_lease(
     assert second.claimed_at >= first.claimed_at
     waited = (second.claimed_at - killed_at).total_seconds()
     assert waited <= lease_seconds + 1.0, f"reclaimed {waited:.2f}s after the kill"
+
+
+async def test_sigterm_finishes_what_it_can_and_releases_the_rest(
+    store_url: str, tmp_path: Path
+) -> None:
+    queue = await LeaseQueue.connect(store_url)
+    events = tmp_path / "events.jsonl"
+    intervals = {"lease_seconds": 2.0, "heartbeat_seconds": 0.5, "jitter_seconds": 0.5}
+    short_id = await queue.enqueue(
+        "work", {"seconds": 1.0}, idempotency_key="work:short", **intervals
+    )
+    long_id = await queue.enqueue(
+        "work", {"seconds": 120}, idempotency_key="work:long", **intervals
+    )
+    proc = start_worker_process(
+        store_url, events, "--tool", "sleep", "--concurrency", "2", "--grace-seconds", "3"
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while sum(e["event"] == "job_claimed" for e in read(events)) < 2:
+            assert proc.poll() is None, proc.stdout.read() if proc.stdout else b""
+            assert time.monotonic() < deadline, "the worker did not claim both jobs"
+            await asyncio.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = await asyncio.to_thread(proc.communicate, timeout=60)
+        assert proc.returncode == 0, out
+        short, long = await queue.get(short_id), await queue.get(long_id)
+        [released_attempt] = await queue.attempts(long_id)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+        await queue.close()
+
+    assert short.state == "succeeded"  # finished within the grace period
+    assert (long.state, long.owner_id) == ("queued", None)  # given back, not left to expire
+    assert released_attempt.outcome == "released"
+    logged = [e["event"] for e in read(events)]
+    assert logged.count("job_released") == 1 and logged.count("result_committed") == 1
+    assert logged[-1] == "worker_stopped"

@@ -2,7 +2,8 @@
 
 Runs ``--workers`` Workers in one process (one event loop, each with its own heartbeat
 thread and connection), writes every event as JSON lines to ``--events``, stops gracefully
-on SIGTERM, and with ``--until-idle`` exits once there is nothing left to do.
+on SIGTERM (through `run_worker`), or with ``--until-idle`` exits once there is nothing left
+to do.
 
 Tools (by ``--tool``): ``sleep`` waits ``payload["seconds"]``; ``echo`` returns the payload's
 ``n`` and the token that ran it.
@@ -12,14 +13,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 from typing import Any
 
 from fencegate.lease import WorkClass
 from fencegate.lease.events import EventLog
 from fencegate.lease.job import JobContext
 from fencegate.lease.metrics import WorkerMetrics
-from fencegate.lease.worker import Worker
+from fencegate.lease.worker import Worker, run_worker
 
 
 async def sleep_tool(job: JobContext) -> dict[str, Any]:
@@ -35,8 +35,7 @@ async def echo_tool(job: JobContext) -> dict[str, Any]:
 TOOLS = {"sleep": sleep_tool, "echo": echo_tool}
 
 
-async def main(args: argparse.Namespace) -> None:
-    events = EventLog(args.events, keep=0)
+def build(args: argparse.Namespace, events: EventLog) -> list[Worker]:
     metrics = WorkerMetrics()
     fast = WorkClass(
         kind=args.kind,
@@ -46,7 +45,7 @@ async def main(args: argparse.Namespace) -> None:
         backoff_base_seconds=0.05,
         backoff_max_seconds=0.2,
     )
-    workers = [
+    return [
         Worker(
             args.url,
             tools={args.kind: TOOLS[args.tool]},
@@ -56,17 +55,23 @@ async def main(args: argparse.Namespace) -> None:
             events=events,
             metrics=metrics,
             poll_seconds=0.2,
-            grace_seconds=5.0,
+            grace_seconds=args.grace_seconds,
         )
         for i in range(args.workers)
     ]
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, lambda: [w.stop() for w in workers])
+
+
+async def until_idle(workers: list[Worker]) -> None:
+    await asyncio.gather(*(w.run_until_idle() for w in workers))
+
+
+def main(args: argparse.Namespace) -> None:
+    events = EventLog(args.events, keep=0)
+    workers = build(args, events)
     if args.until_idle:
-        await asyncio.gather(*(w.run_until_idle() for w in workers))
+        asyncio.run(until_idle(workers))
     else:
-        await asyncio.gather(*(w.run() for w in workers))
+        run_worker(*workers)  # until SIGTERM, as a deployment runs it
     events.close()
 
 
@@ -82,9 +87,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lease-seconds", type=float, default=2.0)
     parser.add_argument("--heartbeat-seconds", type=float, default=0.5)
     parser.add_argument("--jitter-seconds", type=float, default=0.5)
+    parser.add_argument("--grace-seconds", type=float, default=5.0)
     parser.add_argument("--until-idle", action="store_true")
     return parser.parse_args(argv)
 
 
 if __name__ == "__main__":
-    asyncio.run(main(parse()))
+    main(parse())
