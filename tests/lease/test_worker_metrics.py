@@ -1,0 +1,97 @@
+"""Worker metrics by work class, read from a real Prometheus registry: ownership (heartbeat
+age, remaining lease), trouble (failed renewals, expired leases), reclaims and outcomes."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from fencegate.lease import LeaseQueue
+from fencegate.lease.events import EventLog
+from fencegate.lease.job import JobContext
+from fencegate.lease.metrics import WorkerMetrics
+from fencegate.lease.testing import PartitionedStore, PartitionSwitch
+from fencegate.lease.worker import Worker
+from tests.lease.worker_helpers import SHORT, running, wait_for_state, wait_until
+
+
+@pytest.fixture
+async def queue(store_url: str) -> AsyncIterator[LeaseQueue]:
+    q = await LeaseQueue.connect(store_url)
+    try:
+        yield q
+    finally:
+        await q.close()
+
+
+async def test_ownership_gauges_reclaims_and_outcomes(store_url: str, queue: LeaseQueue) -> None:
+    registry = CollectorRegistry()
+    release = asyncio.Event()
+
+    async def tool(job: JobContext) -> str:
+        await release.wait()
+        return "ok"
+
+    # A ghost claims the job and dies: the worker gets it back as attempt 2.
+    job_id = await queue.enqueue("report", {}, idempotency_key="report:1", **SHORT)
+    await queue.claim("ghost", kinds=["report"])
+    worker = Worker(
+        store_url,
+        tools={"report": tool},
+        worker_id="w1",
+        events=EventLog(),
+        metrics=WorkerMetrics(registry=registry),
+        poll_seconds=0.2,
+    )
+    sample = registry.get_sample_value
+    async with running(worker):
+        await wait_until(lambda: worker.events.named("heartbeat_ok"), what="a renewal")
+        assert sample("fencegate_worker_leases_held", {"kind": "report"}) == 1
+        age = sample("fencegate_worker_heartbeat_age_seconds", {"kind": "report"})
+        remaining = sample("fencegate_worker_lease_remaining_seconds", {"kind": "report"})
+        assert age is not None and 0 <= age < SHORT["lease_seconds"]
+        assert remaining is not None and 0 < remaining <= SHORT["lease_seconds"]
+        release.set()
+        await wait_for_state(queue, job_id, "succeeded")
+        await wait_until(lambda: worker.events.named("result_committed"), what="commit")
+    assert sample("fencegate_worker_reclaimed_jobs_total", {"kind": "report"}) == 1
+    assert (
+        sample("fencegate_worker_outcomes_total", {"kind": "report", "outcome": "succeeded"}) == 1
+    )
+    assert sample("fencegate_worker_leases_held", {"kind": "report"}) is None
+    assert b"fencegate_worker_failed_renewals" in generate_latest(registry)
+
+
+async def test_failed_renewals_and_expired_leases(store_url: str, queue: LeaseQueue) -> None:
+    registry = CollectorRegistry()
+    switch = PartitionSwitch()
+
+    async def tool(job: JobContext) -> str:
+        await asyncio.sleep(60)
+        return "never"
+
+    async def heartbeat_store() -> PartitionedStore:
+        return PartitionedStore(await LeaseQueue.connect(store_url), switch)
+
+    await queue.enqueue("browse", {}, idempotency_key="browse:1", **SHORT)
+    worker = Worker(
+        store_url,
+        tools={"browse": tool},
+        worker_id="w1",
+        events=EventLog(),
+        metrics=WorkerMetrics(registry=registry),
+        heartbeat_store=heartbeat_store,
+    )
+    async with running(worker):
+        await wait_until(lambda: worker.events.named("job_claimed"), what="claim")
+        switch.partition()
+        await wait_until(lambda: worker.events.named("result_rejected"), what="giving up")
+    sample = registry.get_sample_value
+    failed = sample("fencegate_worker_failed_renewals_total", {"kind": "browse"})
+    assert failed is not None and failed >= 1
+    assert failed == len(worker.events.named("heartbeat_failed"))
+    assert sample("fencegate_worker_expired_leases_total", {"kind": "browse"}) == 1
+    assert sample("fencegate_worker_outcomes_total", {"kind": "browse", "outcome": "rejected"}) == 1
