@@ -20,9 +20,11 @@ from fencegate.lease.execution import Execution, OwnershipLost, OwnershipUnknown
 from fencegate.lease.job import JobContext
 from fencegate.lease.models import Lease
 from fencegate.signatures import HttpSigner
+from tests.support.gateway import GatewayProcess
 from tests.support.upstream import UpstreamProcess
 
 KEY = "payment:inv-1042:capture"
+WORKER_SECRET = b"worker-one-secret-of-32-bytes-or-more"
 
 
 @pytest.fixture(scope="module")
@@ -197,3 +199,55 @@ def test_httpx_sync_client_is_fenced_too(upstream: UpstreamProcess) -> None:
         headers = received(client.get(f"{upstream.url}/customers/c-1048").json())
     assert headers["idempotency-key"] == f"{KEY}:lookup"
     assert headers["x-execution-entity"] == "customer:c-1048"
+
+
+@pytest.fixture(scope="module")
+def signing_gateway(
+    upstream: UpstreamProcess, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[GatewayProcess]:
+    directory = tmp_path_factory.mktemp("worker-signing")
+    keys = directory / "keys.toml"
+    keys.write_text(
+        "[[keys]]\n"
+        'id = "worker-1"\n'
+        'tenant = "billing"\n'
+        'alg = "hmac-sha256"\n'
+        f'secret = "{base64.b64encode(WORKER_SECRET).decode()}"\n'
+    )
+    with GatewayProcess(
+        upstream=upstream.url,
+        database_url=f"sqlite:///{directory / 'gateway.db'}",
+        extra_args=["--keys", str(keys)],
+    ) as gateway:
+        yield gateway
+
+
+@pytest.mark.parametrize("library", ["aiohttp", "httpx"])
+async def test_signed_requests_pass_a_real_gateway_and_forgeries_do_not(
+    upstream: UpstreamProcess,
+    signing_gateway: GatewayProcess,
+    session: aiohttp.ClientSession,
+    library: str,
+) -> None:
+    async def send(signer: HttpSigner, step: str) -> tuple[int, dict[str, Any]]:
+        job = make_job(session, signer=signer)
+        url = f"{signing_gateway.url}/payments/inv-1042/capture?currency=EUR"
+        if library == "aiohttp":
+            response = await job.http().post(url, json={"amount": 4200}, step=step)
+            return response.status, await response.json(content_type=None)
+        async with httpx.AsyncClient(auth=job.httpx_auth(step=step)) as client:
+            answer = await client.post(url, json={"amount": 4200})
+            return answer.status_code, answer.json()
+
+    step = f"signed-{library}"
+    status, answer = await send(HttpSigner(key_id="worker-1", secret=WORKER_SECRET), step)
+    assert status == 200, answer
+    forwarded = received(answer)
+    assert forwarded["idempotency-key"] == f"{KEY}:{step}"
+    assert forwarded["x-execution-fence"] == "42"
+    assert "signature" not in forwarded  # verified and stripped by the gateway
+
+    forged = HttpSigner(key_id="worker-1", secret=b"x" * 32)
+    status, problem = await send(forged, f"forged-{library}")
+    assert status == 401, problem
+    assert await upstream.acount(f"{KEY}:forged-{library}") == 0
