@@ -16,6 +16,8 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
+import orjson
+
 from fencegate.dburl import parse_database_url
 from fencegate.lease.drivers.base import Driver
 from fencegate.lease.errors import JobNotFound, UnknownWorkClass
@@ -140,6 +142,7 @@ class LeaseQueue:
             raise ValueError(f"run_after {run_after:g}s must not be negative")
         if idempotency_key is not None and not idempotency_key:
             raise ValueError("idempotency_key must not be empty")
+        _check_json(payload, "payload")
         return NewJob(
             kind=kind,
             payload=payload,
@@ -257,6 +260,7 @@ class LeaseQueue:
     ) -> bool:
         """Store the result and mark the job succeeded, only while the lease is held.
         False means rejected: the result was not stored."""
+        _check_json(result, "result")
         [done] = await self._driver.complete_many([(lease, result)], timeout=timeout)
         return done
 
@@ -266,6 +270,8 @@ class LeaseQueue:
         """`complete` for many leases in one transaction; one answer per item."""
         if not items:
             return []
+        for _, result in items:
+            _check_json(result, "result")
         return await self._driver.complete_many(items, timeout=timeout)
 
     async def fail(
@@ -285,6 +291,7 @@ class LeaseQueue:
         """
         if retry_in is not None and retry_in < 0:
             raise ValueError(f"retry_in {retry_in:g}s must not be negative")
+        _check_json(error, "error")
         delay: float | None
         if permanent:
             delay = None
@@ -311,6 +318,7 @@ class LeaseQueue:
     ) -> bool:
         """Cancel a queued or running job (a running owner's lease becomes void). False when
         the job had already finished; `JobNotFound` when there is no such job."""
+        _check_json(reason, "reason")
         cancelled = await self._driver.cancel(job_id, reason, timeout=timeout)
         if cancelled is None:
             raise JobNotFound(f"no job with id {job_id}")
@@ -366,6 +374,7 @@ class LeaseQueue:
         had already committed the stage (read it with `stage_result`)."""
         if not name:
             raise ValueError("a stage needs a name")
+        _check_json(result, "stage result")
         return await self._driver.commit_stage(
             lease, name, self.stage_key(lease, name), result, timeout=timeout
         )
@@ -384,6 +393,14 @@ class LeaseQueue:
         """
         _check_kinds(kinds)
         return await self._driver.wait_for_work(kinds, timeout=timeout)
+
+
+def _check_json(value: Any, what: str) -> None:
+    # Refused here, the same way on both stores, before anything reaches the database.
+    try:
+        orjson.dumps(value)
+    except TypeError as exc:
+        raise TypeError(f"{what} must be JSON: {exc}") from None
 
 
 def _check_kinds(kinds: Sequence[str] | None) -> None:

@@ -361,6 +361,19 @@ async def test_stages_are_committed_only_by_the_owner_and_survive_a_retry(
     assert await queue.stage_result(second, "draft") is not None
 
 
+async def test_values_that_are_not_json_are_refused_before_the_store(queue: LeaseQueue) -> None:
+    with pytest.raises(TypeError, match="payload must be JSON"):
+        await queue.enqueue("create_case", {"ids": {1, 2}})
+    assert await queue.list_jobs() == []
+    await queue.enqueue("create_case", None)
+    lease = await claim_one(queue, "w1")
+    with pytest.raises(TypeError, match="result must be JSON"):
+        await queue.complete(lease, {1: "not a string key"})
+    with pytest.raises(TypeError, match="error must be JSON"):
+        await queue.fail(lease, object())
+    assert await queue.complete(lease, {"ok": True}) is True
+
+
 async def test_list_jobs_filters_newest_first(queue: LeaseQueue) -> None:
     a = await queue.enqueue("a", None)
     b = await queue.enqueue("b", None)

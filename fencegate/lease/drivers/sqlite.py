@@ -141,7 +141,11 @@ class SQLiteDriver:
     @classmethod
     async def connect(cls, path: Path, *, timeout: float) -> SQLiteDriver:
         driver = cls(path)
-        await driver._run(lambda conn: conn.execute("SELECT 1").fetchone(), timeout=timeout)
+        try:
+            await driver._run(lambda conn: conn.execute("SELECT 1").fetchone(), timeout=timeout)
+        except BaseException:
+            await driver.close()
+            raise
         return driver
 
     async def close(self) -> None:
