@@ -8,9 +8,10 @@ Three kinds of trouble, three reactions:
 
 - zero rows (``extend`` → None): the lease is lost. Log ``heartbeat_lost``, cancel the tool;
   its result will not be committed.
-- no answer (`StoreUnavailable`): ownership is unknown. Log ``heartbeat_failed`` and
-  ``ownership_unknown``; the job's guard refuses new external actions; retry sooner than a
-  full period; at ``lease_until - margin`` give up locally (cancel, no commit).
+- no answer (`StoreUnavailable`, or any other error): ownership is unknown. Log
+  ``heartbeat_failed`` and ``ownership_unknown``; the job's guard refuses new external
+  actions; retry sooner than a full period; at ``lease_until - margin`` give up locally
+  (cancel, no commit).
 - success: ``heartbeat_ok``; the guard allows actions again.
 """
 
@@ -23,7 +24,6 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from fencegate.lease.errors import StoreUnavailable
 from fencegate.lease.events import EventLog
 from fencegate.lease.execution import Execution, Ownership
 from fencegate.lease.metrics import WorkerMetrics
@@ -51,13 +51,11 @@ class HeartbeatController:
         events: EventLog,
         metrics: WorkerMetrics,
         worker_id: str,
-        margin: float | None = None,
     ) -> None:
         self._connect = connect
         self.events = events
         self.metrics = metrics
         self.worker_id = worker_id
-        self.margin = margin
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._store: RenewingStore | None = None
@@ -184,7 +182,9 @@ class HeartbeatController:
                 call_timeout = max(_MIN_CALL_TIMEOUT, min(period, budget))
                 try:
                     renewed = await store.extend(execution.lease, timeout=call_timeout)
-                except (StoreUnavailable, TimeoutError, OSError) as exc:
+                except Exception as exc:
+                    # Any failure to hear back (StoreUnavailable, or a driver error nobody
+                    # foresaw) leaves ownership unknown, never confirmed.
                     failures += 1
                     self._failed(execution, kind, exc, failures)
                     left = execution.remaining() - margin

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
+import logging
 import os
 import signal
 import socket
@@ -50,7 +52,9 @@ if TYPE_CHECKING:
     from fencegate.lease.testing import PartitionedStore
     from fencegate.types import RequestSigner
 
-Tool = Callable[[JobContext], Coroutine[Any, Any, Any]]
+Tool = Callable[[JobContext], Coroutine[Any, Any, Any]] | Callable[[JobContext], Any]
+
+logger = logging.getLogger("fencegate.worker")
 
 _default_metrics: WorkerMetrics | None = None
 _default_metrics_lock = threading.Lock()
@@ -267,7 +271,18 @@ class Worker:
         execution = Execution(lease, confirmed_at=sent_at)
         task = asyncio.ensure_future(self._execute(execution))
         self._running[task] = execution
-        task.add_done_callback(self._running.pop)
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        execution = self._running.pop(task, None)
+        if not task.cancelled() and task.exception() is not None and execution is not None:
+            # The tool's own errors are handled in _settle; this is the worker failing.
+            logger.error(
+                "worker %s: handling job %s failed; its lease will expire",
+                self.worker_id,
+                execution.job_id,
+                exc_info=task.exception(),
+            )
 
     # -- one execution --------------------------------------------------------------------
     def margin_for(self, lease: Lease) -> float:
@@ -304,7 +319,7 @@ class Worker:
             self.metrics.reclaimed_jobs.labels(kind).inc()
         self.metrics.live.add(kind, execution)
         loop = asyncio.get_running_loop()
-        tool_task = loop.create_task(self.tools[kind](job))
+        tool_task = loop.create_task(_invoke(self.tools[kind], job))
         self._tool_tasks[execution] = tool_task
 
         def cancel_from_controller() -> None:
@@ -479,6 +494,14 @@ class Worker:
         if self._session is None:
             raise RuntimeError("the worker is not running")
         return self._session
+
+
+async def _invoke(tool: Tool, job: JobContext) -> Any:
+    # A plain function works too: it blocks the loop, and the heartbeat thread keeps the lease.
+    result = tool(job)
+    if inspect.isawaitable(result):
+        result = await result
+    return result
 
 
 def run_worker(*workers: Worker) -> None:

@@ -254,3 +254,14 @@ async def test_wakes_on_new_work_without_waiting_for_the_poll(
         await queue.enqueue("note", {}, idempotency_key="note:1", **SHORT)
         await asyncio.wait_for(done.wait(), 60)
     assert time.monotonic() - began < 300.0
+
+
+async def test_a_plain_function_can_be_a_tool(store_url: str, queue: LeaseQueue) -> None:
+    def classify(job: JobContext) -> str:
+        return "invoice" if "total" in job.payload else "other"
+
+    job_id = await queue.enqueue("classify", {"total": 12}, idempotency_key="c:1", **SHORT)
+    worker = make_worker(store_url, {"classify": classify})
+    await asyncio.wait_for(worker.run_until_idle(), 60)
+    job = await queue.get(job_id)
+    assert (job.state, job.result) == ("succeeded", "invoice")
