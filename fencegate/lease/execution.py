@@ -58,6 +58,9 @@ class Execution:
         self._confirmed_at = confirmed_at
         self._running = True
         self.lost_reason: str | None = None
+        # The executor: the thread whose loop runs the tool, and when the tool must be done.
+        self.executor_thread = threading.current_thread()
+        self.tool_deadline: float | None = None
 
     @property
     def lease(self) -> Lease:
@@ -82,6 +85,21 @@ class Execution:
         """True while the tool is alive and unfinished: the only time a renewal is wanted."""
         with self._lock:
             return self._running
+
+    def start_tool(self, *, timeout: float | None, now: float) -> None:
+        self.tool_deadline = None if timeout is None else now + float(timeout)
+
+    def abandoned(self, *, now: float, grace: float) -> str | None:
+        """Why the executor can no longer be trusted to be alive and useful, if it cannot.
+
+        Its thread died; or the tool ran past its timeout by more than ``grace`` although
+        the worker's loop should have cancelled it (a tool that blocks the loop for good).
+        """
+        if not self.executor_thread.is_alive():
+            return "executor_thread_gone"
+        if self.tool_deadline is not None and now > self.tool_deadline + grace:
+            return "tool_timeout_overrun"
+        return None
 
     def finish(self) -> None:
         with self._lock:

@@ -2,7 +2,7 @@
 
 A tool that blocks the worker's event loop (``time.sleep``, a native call) cannot starve
 it, and it renews a lease only while the execution it belongs to is alive and unfinished
-(`Execution.running`), never on a bare timer.
+(`Execution.running`, its thread alive, its tool within its timeout), never on a bare timer.
 
 Three kinds of trouble, three reactions:
 
@@ -176,6 +176,12 @@ class HeartbeatController:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(wake.wait(), delay)
                 if not execution.running or execution.state is Ownership.LOST:
+                    return
+                abandoned = execution.abandoned(now=time.monotonic(), grace=period)
+                if abandoned:
+                    # Renewing for an executor that is gone or stuck would hold the job
+                    # forever; let the lease run out so another worker can take over.
+                    self._lose(execution, kind, cancel, abandoned)
                     return
                 sent_at = time.monotonic()
                 budget = execution.remaining(now=sent_at) - margin

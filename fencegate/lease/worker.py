@@ -330,6 +330,7 @@ class Worker:
             execution, kind=kind, cancel=cancel_from_controller, margin=margin
         )
         started = time.monotonic()
+        execution.start_tool(timeout=lease.tool_timeout_seconds, now=started)
         try:
             await asyncio.wait({tool_task}, timeout=lease.tool_timeout_seconds)
             timed_out = not tool_task.done()
@@ -389,7 +390,11 @@ class Worker:
             self.metrics.outcomes.labels(kind, "released").inc()
             return
         if error is None:
-            await self._complete(job, result, duration)
+            try:
+                await self._complete(job, result, duration)
+            except (TypeError, ValueError) as exc:
+                # The store cannot hold this result (not JSON): retrying would not change it.
+                await self._fail(job, exc, code="result_not_storable", permanent=True)
             return
         if isinstance(error, PermanentError):
             await self._fail(job, error, code="permanent", permanent=True)

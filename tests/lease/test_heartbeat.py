@@ -36,11 +36,16 @@ async def queue(store_url: str) -> AsyncIterator[LeaseQueue]:
 def claimer_thread(
     url: str, kind: str, stop: threading.Event, won: list[Lease]
 ) -> threading.Thread:
-    """A rival worker on its own thread, loop and connection, claiming as fast as it can."""
+    """A rival worker on its own thread, loop and connection: once w1 holds a job of this
+    kind, it tries to claim it as fast as it can."""
 
     async def rival() -> None:
         q = await LeaseQueue.connect(url)
         try:
+            while not stop.is_set():
+                if any(j.owner_id == "w1" for j in await q.list_jobs(state="running", kind=kind)):
+                    break
+                await asyncio.sleep(0.02)
             while not stop.is_set():
                 won.extend(await q.claim("rival", kinds=[kind], limit=1, timeout=10))
                 await asyncio.sleep(0.05)
@@ -80,12 +85,13 @@ async def test_a_tool_blocking_its_event_loop_keeps_its_lease(
         events=events,
         metrics=WorkerMetrics(registry=CollectorRegistry()),
     )
-    async with running(worker):
-        await wait_until(lambda: events.named("job_claimed"), what="claim")
-        rival = claimer_thread(store_url, "blocking", stop, won)
-        job = await wait_for_state(queue, job_id, "succeeded", "failed", "queued")
+    rival = claimer_thread(store_url, "blocking", stop, won)
+    try:
+        async with running(worker):
+            job = await wait_for_state(queue, job_id, "succeeded", "failed")
+    finally:
         stop.set()
-    rival.join(timeout=30)
+        rival.join(timeout=30)
     assert won == []  # the rival never got the job
     assert (job.state, job.result, job.attempt) == ("succeeded", "done", 1)
     [claimed] = events.named("job_claimed")
@@ -186,7 +192,7 @@ async def test_unknown_ownership_refuses_actions_until_a_renewal_succeeds(
         await wait_until(lambda: "unknown" in seen, what="guard refusal")
         switch.heal()
         healed.set()
-        job = await wait_for_state(queue, job_id, "succeeded", "failed", "queued")
+        job = await wait_for_state(queue, job_id, "succeeded", "failed")
     assert (job.state, job.result, job.attempt) == ("succeeded", "acted after renewal", 1)
     flow = names(events.for_job(job_id))
     assert flow.index("heartbeat_failed") < flow.index("ownership_unknown")
@@ -260,3 +266,48 @@ async def test_partitioned_worker_gives_up_and_a_new_owner_takes_over(
         ("w1", "lease_expired"),
         ("w2", "succeeded"),
     ]
+
+
+async def test_a_tool_stuck_past_its_timeout_is_not_kept_alive(
+    store_url: str, queue: LeaseQueue
+) -> None:
+    lease_seconds, heartbeat_seconds = 1.2, 0.4
+
+    async def stuck(job: JobContext) -> str:
+        # Blocks the loop, so the worker cannot even cancel it at its 0.5 s tool timeout.
+        time.sleep(4 * lease_seconds)  # noqa: ASYNC251
+        return "too late"
+
+    job_id = await queue.enqueue(
+        "stuck",
+        {},
+        idempotency_key="stuck:1",
+        lease_seconds=lease_seconds,
+        heartbeat_seconds=heartbeat_seconds,
+        jitter_seconds=0.5,
+        tool_timeout_seconds=0.5,
+    )
+    stop, won = threading.Event(), []
+    events = EventLog()
+    worker = Worker(
+        store_url,
+        tools={"stuck": stuck},
+        worker_id="w1",
+        events=events,
+        metrics=WorkerMetrics(registry=CollectorRegistry()),
+    )
+    rival = claimer_thread(store_url, "stuck", stop, won)
+    try:
+        async with running(worker):
+            await wait_until(lambda: events.named("result_rejected"), what="rejection")
+    finally:
+        stop.set()
+        rival.join(timeout=30)
+    [claimed] = events.named("job_claimed")
+    [lost] = events.named("heartbeat_lost")
+    assert lost["reason"] == "tool_timeout_overrun"
+    assert won and {lease.job_id for lease in won} == {job_id}
+    assert won[0].fencing_token > claimed["token"]
+    assert events.named("result_committed") == []
+    job = await queue.get(job_id)
+    assert job.owner_id == "rival" and job.result is None

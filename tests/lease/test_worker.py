@@ -265,3 +265,18 @@ async def test_a_plain_function_can_be_a_tool(store_url: str, queue: LeaseQueue)
     await asyncio.wait_for(worker.run_until_idle(), 60)
     job = await queue.get(job_id)
     assert (job.state, job.result) == ("succeeded", "invoice")
+
+
+async def test_a_result_the_store_cannot_hold_fails_the_job(
+    store_url: str, queue: LeaseQueue
+) -> None:
+    async def unserialisable(job: JobContext) -> object:
+        return {"when": object()}
+
+    job_id = await queue.enqueue("odd", {}, idempotency_key="odd:1", **SHORT)
+    worker = make_worker(store_url, {"odd": unserialisable})
+    await asyncio.wait_for(worker.run_until_idle(), 60)
+    job = await queue.get(job_id)
+    assert (job.state, job.attempt) == ("failed", 1)
+    [failed] = worker.events.named("job_failed")
+    assert failed["error"] == "result_not_storable"
