@@ -26,17 +26,37 @@ from fencegate.store.base import (
     StoredResponse,
     StoreUnavailable,
 )
+from fencegate.store.batching import Batcher
 
 T = TypeVar("T")
 
-_DECIDE = "SELECT * FROM fencegate_decide($1, $2, $3, $4, $5, $6, $7, $8, $9)"
+_DECIDE_MANY = """
+SELECT * FROM fencegate_decide_many(
+    $1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6, $7,
+    $8::double precision[], $9::boolean[])
+"""
 
-_COMPLETE = """
-UPDATE idempotency_keys
-SET state = 'completed', response_status = $5, response_headers = $6::jsonb,
-    response_body = $7, response_sha256 = $8, body_too_large = $9,
+# Rows are locked in key order, as decisions lock them, so that the two never deadlock.
+_COMPLETE_MANY = """
+WITH answer AS (
+    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::integer[], $5::integer[],
+                         $6::text[], $7::bytea[], $8::text[], $9::boolean[])
+        AS a(tenant, key, owner, attempt, status, headers, body, sha256, too_large)
+), held AS (
+    SELECT k.tenant, k.key FROM idempotency_keys k
+    JOIN answer a ON k.tenant = a.tenant AND k.key = a.key AND k.owner = a.owner
+        AND k.attempt = a.attempt
+    WHERE k.state = 'in_flight'
+    ORDER BY k.tenant, k.key
+    FOR UPDATE OF k
+)
+UPDATE idempotency_keys k
+SET state = 'completed', response_status = a.status, response_headers = a.headers::jsonb,
+    response_body = a.body, response_sha256 = a.sha256, body_too_large = a.too_large,
     completed_at = now(), locked_until = NULL
-WHERE tenant = $1 AND key = $2 AND owner = $3 AND attempt = $4 AND state = 'in_flight'
+FROM held, answer a
+WHERE k.tenant = held.tenant AND k.key = held.key AND a.tenant = k.tenant AND a.key = k.key
+RETURNING k.tenant, k.key
 """
 
 _RELEASE = """
@@ -92,6 +112,26 @@ _UNAVAILABLE: tuple[type[BaseException], ...] = (
 )
 
 
+def _decision(row: asyncpg.Record) -> Decision:
+    outcome = Outcome(row["d_outcome"])
+    response = None
+    if outcome is Outcome.REPLAY:
+        headers = [(str(k), str(v)) for k, v in orjson.loads(row["d_response_headers"])]
+        response = StoredResponse(
+            status=row["d_response_status"],
+            headers=headers,
+            body=None if row["d_body_too_large"] else bytes(row["d_response_body"] or b""),
+            sha256=row["d_response_sha256"],
+        )
+    return Decision(
+        outcome=outcome,
+        last_accepted=row["d_last_accepted"],
+        attempt=row["d_attempt"],
+        retry_after=row["d_retry_after"],
+        response=response,
+    )
+
+
 async def _keep_session(conn: asyncpg.Connection) -> None:
     """The store never changes session state (no SET, LISTEN or advisory lock), so a
     connection going back to the pool needs no reset query: that would be one more round
@@ -109,6 +149,10 @@ def _affected(status: str) -> bool:
 class PostgresGatewayStore:
     def __init__(self, pool: asyncpg.Pool) -> None:
         self._pool = pool
+        self._deciders: dict[tuple[str, float], Batcher[DecideRequest, Decision]] = {}
+        self._completer: Batcher[tuple[Reservation, StoredResponse], bool] = Batcher(
+            self._complete_many
+        )
 
     @classmethod
     async def connect(
@@ -150,38 +194,35 @@ class PostgresGatewayStore:
                 await self._pool.release(conn, timeout=max(_left(deadline), 0.1))
 
     async def decide(self, request: DecideRequest, *, timeout: float) -> Decision:
-        async def call(conn: asyncpg.Connection) -> Any:
-            return await conn.fetchrow(
-                _DECIDE,
-                request.tenant,
-                request.key,
-                request.fingerprint,
-                request.entity,
-                request.fence,
-                request.owner,
-                request.lease_seconds,
-                request.ttl_seconds,
-                request.retry_unknown,
-            )
+        group = (request.owner, request.lease_seconds)
+        batcher = self._deciders.get(group)
+        if batcher is None:
+            batcher = self._deciders[group] = Batcher(self._decide_many)
+        return await batcher.submit(request, timeout=timeout)
 
-        row = await self._run(call, timeout=timeout)
-        outcome = Outcome(row["d_outcome"])
-        response = None
-        if outcome is Outcome.REPLAY:
-            headers = [(str(k), str(v)) for k, v in orjson.loads(row["d_response_headers"])]
-            response = StoredResponse(
-                status=row["d_response_status"],
-                headers=headers,
-                body=None if row["d_body_too_large"] else bytes(row["d_response_body"] or b""),
-                sha256=row["d_response_sha256"],
-            )
-        return Decision(
-            outcome=outcome,
-            last_accepted=row["d_last_accepted"],
-            attempt=row["d_attempt"],
-            retry_after=row["d_retry_after"],
-            response=response,
+    async def _decide_many(self, requests: list[DecideRequest], timeout: float) -> list[Decision]:
+        first = requests[0]
+        rows = await self._run(
+            lambda conn: conn.fetch(
+                _DECIDE_MANY,
+                [r.tenant for r in requests],
+                [r.key for r in requests],
+                [r.fingerprint for r in requests],
+                [r.entity for r in requests],
+                [r.fence for r in requests],
+                first.owner,
+                float(first.lease_seconds),
+                [float(r.ttl_seconds) for r in requests],
+                [r.retry_unknown for r in requests],
+            ),
+            timeout=timeout,
         )
+        decisions: list[Decision | None] = [None] * len(requests)
+        for row in rows:
+            decisions[row["d_index"] - 1] = _decision(row)
+        if any(d is None for d in decisions):
+            raise StoreUnavailable("the store answered a batch of decisions incompletely")
+        return decisions  # type: ignore[return-value]
 
     async def complete(
         self,
@@ -190,24 +231,28 @@ class PostgresGatewayStore:
         *,
         timeout: float,
     ) -> bool:
-        r = reservation
-        headers = orjson.dumps(response.headers).decode()
-        status = await self._run(
-            lambda conn: conn.execute(
-                _COMPLETE,
-                r.tenant,
-                r.key,
-                r.owner,
-                r.attempt,
-                response.status,
-                headers,
-                response.body,
-                response.sha256,
-                response.body is None,
+        return await self._completer.submit((reservation, response), timeout=timeout)
+
+    async def _complete_many(
+        self, items: list[tuple[Reservation, StoredResponse]], timeout: float
+    ) -> list[bool]:
+        rows = await self._run(
+            lambda conn: conn.fetch(
+                _COMPLETE_MANY,
+                [r.tenant for r, _ in items],
+                [r.key for r, _ in items],
+                [r.owner for r, _ in items],
+                [r.attempt for r, _ in items],
+                [a.status for _, a in items],
+                [orjson.dumps(a.headers).decode() for _, a in items],
+                [a.body for _, a in items],
+                [a.sha256 for _, a in items],
+                [a.body is None for _, a in items],
             ),
             timeout=timeout,
         )
-        return _affected(status)
+        done = {(row["tenant"], row["key"]) for row in rows}
+        return [(r.tenant, r.key) in done for r, _ in items]
 
     async def _conditional(self, sql: str, r: Reservation, *extra: Any, timeout: float) -> bool:
         status = await self._run(

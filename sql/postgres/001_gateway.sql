@@ -44,10 +44,30 @@ CREATE TABLE signature_nonces (
 
 CREATE INDEX signature_nonces_expires_at ON signature_nonces (expires_at);
 
--- Steps 3 and 4 of the decision order in one transaction and one round trip.
--- d_outcome: stale | fence_only | reserved | taken_over | retry_unknown
---            | replay | mismatch | in_flight | unknown
-CREATE FUNCTION fencegate_decide(
+-- Step 3: accept a fence or find it stale. The WHERE makes a stale fence a no-op: nothing
+-- is stored for it. Returns whether it was accepted and the last accepted fence.
+CREATE FUNCTION fencegate_accept_fence(
+    p_tenant text, p_entity text, p_fence bigint,
+    OUT accepted boolean, OUT last_accepted bigint
+) LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO fences AS f (tenant, entity, last_accepted, updated_at)
+    VALUES (p_tenant, p_entity, p_fence, now())
+    ON CONFLICT (tenant, entity) DO UPDATE
+        SET last_accepted = EXCLUDED.last_accepted, updated_at = now()
+        WHERE f.last_accepted <= EXCLUDED.last_accepted
+    RETURNING f.last_accepted INTO last_accepted;
+    accepted := FOUND;
+    IF NOT accepted THEN
+        SELECT f.last_accepted INTO last_accepted
+        FROM fences f WHERE f.tenant = p_tenant AND f.entity = p_entity;
+    END IF;
+END;
+$$;
+
+-- Step 4 for one key (its fence, if any, already accepted in this transaction).
+-- d_outcome: reserved | taken_over | retry_unknown | replay | mismatch | in_flight | unknown
+CREATE FUNCTION fencegate_decide_key(
     p_tenant text,
     p_key text,
     p_fingerprint text,
@@ -59,7 +79,6 @@ CREATE FUNCTION fencegate_decide(
     p_retry_unknown boolean
 ) RETURNS TABLE (
     d_outcome text,
-    d_last_accepted bigint,
     d_attempt integer,
     d_retry_after double precision,
     d_response_status integer,
@@ -69,52 +88,27 @@ CREATE FUNCTION fencegate_decide(
     d_body_too_large boolean
 ) LANGUAGE plpgsql AS $$
 DECLARE
-    v_last bigint;
     v_row idempotency_keys%ROWTYPE;
     v_attempt integer;
     v_found boolean := false;
 BEGIN
-    IF p_fence IS NOT NULL THEN
-        -- The WHERE makes a stale fence a no-op: nothing is stored for it.
-        INSERT INTO fences AS f (tenant, entity, last_accepted, updated_at)
-        VALUES (p_tenant, p_entity, p_fence, now())
-        ON CONFLICT (tenant, entity) DO UPDATE
-            SET last_accepted = EXCLUDED.last_accepted, updated_at = now()
-            WHERE f.last_accepted <= EXCLUDED.last_accepted
-        RETURNING f.last_accepted INTO v_last;
-        IF NOT FOUND THEN
-            SELECT f.last_accepted INTO v_last
-            FROM fences f WHERE f.tenant = p_tenant AND f.entity = p_entity;
-            RETURN QUERY SELECT 'stale'::text, v_last, NULL::integer, NULL::double precision,
-                NULL::integer, NULL::text, NULL::bytea, NULL::text, NULL::boolean;
-            RETURN;
-        END IF;
-    END IF;
-
-    IF p_key IS NULL THEN
-        RETURN QUERY SELECT 'fence_only'::text, v_last, NULL::integer, NULL::double precision,
-            NULL::integer, NULL::text, NULL::bytea, NULL::text, NULL::boolean;
-        RETURN;
-    END IF;
-
     -- Answers that change nothing (replay, key reused, in flight) are read without a row
     -- lock: many copies of one key must not queue behind each other for a replay.
     SELECT * INTO v_row FROM idempotency_keys k WHERE k.tenant = p_tenant AND k.key = p_key;
     IF FOUND AND v_row.expires_at > now() THEN
         IF v_row.fingerprint <> p_fingerprint THEN
-            RETURN QUERY SELECT 'mismatch'::text, v_last, v_row.attempt,
-                NULL::double precision, NULL::integer, NULL::text, NULL::bytea, NULL::text,
-                NULL::boolean;
+            RETURN QUERY SELECT 'mismatch'::text, v_row.attempt, NULL::double precision,
+                NULL::integer, NULL::text, NULL::bytea, NULL::text, NULL::boolean;
             RETURN;
         END IF;
         IF v_row.state = 'completed' THEN
-            RETURN QUERY SELECT 'replay'::text, v_last, v_row.attempt, NULL::double precision,
+            RETURN QUERY SELECT 'replay'::text, v_row.attempt, NULL::double precision,
                 v_row.response_status, v_row.response_headers::text, v_row.response_body,
                 v_row.response_sha256, v_row.body_too_large;
             RETURN;
         END IF;
         IF v_row.state = 'in_flight' AND v_row.locked_until > now() THEN
-            RETURN QUERY SELECT 'in_flight'::text, v_last, v_row.attempt,
+            RETURN QUERY SELECT 'in_flight'::text, v_row.attempt,
                 extract(epoch FROM v_row.locked_until - now())::double precision,
                 NULL::integer, NULL::text, NULL::bytea, NULL::text, NULL::boolean;
             RETURN;
@@ -132,7 +126,7 @@ BEGIN
             now(), now() + make_interval(secs => p_ttl_seconds))
         ON CONFLICT (tenant, key) DO NOTHING;
         IF FOUND THEN
-            RETURN QUERY SELECT 'reserved'::text, v_last, 1, NULL::double precision,
+            RETURN QUERY SELECT 'reserved'::text, 1, NULL::double precision,
                 NULL::integer, NULL::text, NULL::bytea, NULL::text, NULL::boolean;
             RETURN;
         END IF;
@@ -159,33 +153,33 @@ BEGIN
             body_too_large = false, created_at = now(), completed_at = NULL,
             expires_at = now() + make_interval(secs => p_ttl_seconds)
         WHERE k.tenant = p_tenant AND k.key = p_key;
-        RETURN QUERY SELECT 'reserved'::text, v_last, 1, NULL::double precision,
+        RETURN QUERY SELECT 'reserved'::text, 1, NULL::double precision,
             NULL::integer, NULL::text, NULL::bytea, NULL::text, NULL::boolean;
         RETURN;
     END IF;
 
     IF v_row.fingerprint <> p_fingerprint THEN
-        RETURN QUERY SELECT 'mismatch'::text, v_last, v_row.attempt, NULL::double precision,
+        RETURN QUERY SELECT 'mismatch'::text, v_row.attempt, NULL::double precision,
             NULL::integer, NULL::text, NULL::bytea, NULL::text, NULL::boolean;
         RETURN;
     END IF;
 
     IF v_row.state = 'completed' THEN
-        RETURN QUERY SELECT 'replay'::text, v_last, v_row.attempt, NULL::double precision,
+        RETURN QUERY SELECT 'replay'::text, v_row.attempt, NULL::double precision,
             v_row.response_status, v_row.response_headers::text, v_row.response_body,
             v_row.response_sha256, v_row.body_too_large;
         RETURN;
     END IF;
 
     IF v_row.state = 'in_flight' AND v_row.locked_until > now() THEN
-        RETURN QUERY SELECT 'in_flight'::text, v_last, v_row.attempt,
+        RETURN QUERY SELECT 'in_flight'::text, v_row.attempt,
             extract(epoch FROM v_row.locked_until - now())::double precision,
             NULL::integer, NULL::text, NULL::bytea, NULL::text, NULL::boolean;
         RETURN;
     END IF;
 
     IF v_row.state = 'outcome_unknown' AND NOT p_retry_unknown THEN
-        RETURN QUERY SELECT 'unknown'::text, v_last, v_row.attempt, NULL::double precision,
+        RETURN QUERY SELECT 'unknown'::text, v_row.attempt, NULL::double precision,
             NULL::integer, NULL::text, NULL::bytea, NULL::text, NULL::boolean;
         RETURN;
     END IF;
@@ -198,7 +192,104 @@ BEGIN
     RETURNING k.attempt INTO v_attempt;
     RETURN QUERY SELECT
         (CASE WHEN v_row.state = 'in_flight' THEN 'taken_over' ELSE 'retry_unknown' END)::text,
-        v_last, v_attempt, NULL::double precision,
+        v_attempt, NULL::double precision,
         NULL::integer, NULL::text, NULL::bytea, NULL::text, NULL::boolean;
 END;
+$$;
+
+-- Steps 3 and 4 for a batch of requests, in one transaction and one round trip (the
+-- gateway sends together the decisions that arrive while its previous ones run).
+-- d_index is the request's position in the arrays.
+-- d_outcome: stale | fence_only, or one of fencegate_decide_key's.
+-- Every fence row is locked before any key row, each kind in sorted order, as in a single
+-- decision: concurrent batches take their locks in one global order and cannot deadlock.
+CREATE FUNCTION fencegate_decide_many(
+    p_tenants text[],
+    p_keys text[],
+    p_fingerprints text[],
+    p_entities text[],
+    p_fences bigint[],
+    p_owner text,
+    p_lease_seconds double precision,
+    p_ttl_seconds double precision[],
+    p_retry_unknown boolean[]
+) RETURNS TABLE (
+    d_index integer,
+    d_outcome text,
+    d_last_accepted bigint,
+    d_attempt integer,
+    d_retry_after double precision,
+    d_response_status integer,
+    d_response_headers text,
+    d_response_body bytea,
+    d_response_sha256 text,
+    d_body_too_large boolean
+) LANGUAGE plpgsql AS $$
+DECLARE
+    n integer := coalesce(array_length(p_tenants, 1), 0);
+    v_stale boolean[] := array_fill(false, ARRAY[n]);
+    v_last bigint[] := array_fill(NULL::bigint, ARRAY[n]);
+    v_fence record;
+    i integer;
+BEGIN
+    FOR i IN
+        SELECT o.i FROM generate_subscripts(p_tenants, 1) AS o(i)
+        WHERE p_fences[o.i] IS NOT NULL
+        ORDER BY p_tenants[o.i], p_entities[o.i], o.i
+    LOOP
+        SELECT * INTO v_fence FROM fencegate_accept_fence(p_tenants[i], p_entities[i], p_fences[i]);
+        v_last[i] := v_fence.last_accepted;
+        v_stale[i] := NOT v_fence.accepted;
+    END LOOP;
+
+    FOR i IN
+        SELECT o.i FROM generate_subscripts(p_tenants, 1) AS o(i)
+        ORDER BY p_keys[o.i] IS NULL, p_tenants[o.i], p_keys[o.i], o.i
+    LOOP
+        IF v_stale[i] THEN
+            RETURN QUERY SELECT i, 'stale'::text, v_last[i], NULL::integer,
+                NULL::double precision, NULL::integer, NULL::text, NULL::bytea, NULL::text,
+                NULL::boolean;
+        ELSIF p_keys[i] IS NULL THEN
+            RETURN QUERY SELECT i, 'fence_only'::text, v_last[i], NULL::integer,
+                NULL::double precision, NULL::integer, NULL::text, NULL::bytea, NULL::text,
+                NULL::boolean;
+        ELSE
+            RETURN QUERY SELECT i, d.d_outcome, v_last[i], d.d_attempt, d.d_retry_after,
+                d.d_response_status, d.d_response_headers, d.d_response_body,
+                d.d_response_sha256, d.d_body_too_large
+            FROM fencegate_decide_key(
+                p_tenants[i], p_keys[i], p_fingerprints[i], p_entities[i], p_fences[i],
+                p_owner, p_lease_seconds, p_ttl_seconds[i], p_retry_unknown[i]) AS d;
+        END IF;
+    END LOOP;
+END;
+$$;
+
+-- One decision (for operators and scripts; the gateway calls fencegate_decide_many).
+CREATE FUNCTION fencegate_decide(
+    p_tenant text,
+    p_key text,
+    p_fingerprint text,
+    p_entity text,
+    p_fence bigint,
+    p_owner text,
+    p_lease_seconds double precision,
+    p_ttl_seconds double precision,
+    p_retry_unknown boolean
+) RETURNS TABLE (
+    d_index integer,
+    d_outcome text,
+    d_last_accepted bigint,
+    d_attempt integer,
+    d_retry_after double precision,
+    d_response_status integer,
+    d_response_headers text,
+    d_response_body bytea,
+    d_response_sha256 text,
+    d_body_too_large boolean
+) LANGUAGE sql AS $$
+    SELECT * FROM fencegate_decide_many(
+        ARRAY[p_tenant], ARRAY[p_key], ARRAY[p_fingerprint], ARRAY[p_entity], ARRAY[p_fence],
+        p_owner, p_lease_seconds, ARRAY[p_ttl_seconds], ARRAY[p_retry_unknown]);
 $$;

@@ -1,0 +1,59 @@
+"""The batcher that groups store calls: nothing queued past its caller's timeout is sent."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from fencegate.store.base import StoreUnavailable
+from fencegate.store.batching import Batcher
+
+
+async def test_calls_queued_while_others_run_go_together() -> None:
+    sent: list[list[int]] = []
+    release = asyncio.Event()
+
+    async def run(items: list[int], timeout: float) -> list[int]:
+        sent.append(items)
+        await release.wait()
+        return [i * 10 for i in items]
+
+    batcher: Batcher[int, int] = Batcher(run, max_in_flight=1)
+    first = asyncio.create_task(batcher.submit(1, timeout=30))
+    await asyncio.sleep(0)
+    rest = [asyncio.create_task(batcher.submit(i, timeout=30)) for i in (2, 3, 4)]
+    await asyncio.sleep(0)
+    release.set()
+    assert await first == 10
+    assert [await t for t in rest] == [20, 30, 40]
+    assert sent == [[1], [2, 3, 4]]
+
+
+async def test_a_call_queued_past_its_timeout_is_never_sent() -> None:
+    sent: list[list[str]] = []
+
+    async def run(items: list[str], timeout: float) -> list[str]:
+        sent.append(items)
+        await asyncio.sleep(0.3)
+        return items
+
+    batcher: Batcher[str, str] = Batcher(run, max_in_flight=1)
+    slow = asyncio.create_task(batcher.submit("running", timeout=30))
+    await asyncio.sleep(0)
+    with pytest.raises(StoreUnavailable):
+        await batcher.submit("late", timeout=0.05)
+    assert await slow == "running"
+    await asyncio.sleep(0.05)
+    assert sent == [["running"]]
+
+
+async def test_a_failed_batch_fails_each_of_its_calls() -> None:
+    async def run(items: list[int], timeout: float) -> list[int]:
+        raise StoreUnavailable("down")
+
+    batcher: Batcher[int, int] = Batcher(run)
+    results = await asyncio.gather(
+        *(batcher.submit(i, timeout=30) for i in range(5)), return_exceptions=True
+    )
+    assert all(isinstance(r, StoreUnavailable) for r in results)
