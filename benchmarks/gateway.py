@@ -1,9 +1,9 @@
 """Gateway throughput and latency, side by side in one run, then a profile of the gateway.
 
-    .venv/bin/python -m benchmarks.gateway [--concurrency 48] [--duration 5] [--warmup 1]
+    .venv/bin/python -m benchmarks.gateway [--concurrency 48] [--rounds 3] [--duration 3]
 
 Every server is its own uvicorn process (one worker) on loopback, and the load comes from
-another process (`benchmarks.loadgen`). Measured, in this order:
+another process (`benchmarks.loadgen`). Measured in rounds, each round in this order:
 
 1. the upstream alone;
 2. a bare passthrough proxy on the same stack, with no store (`benchmarks.bare_proxy`);
@@ -11,9 +11,11 @@ another process (`benchmarks.loadgen`). Measured, in this order:
 4. fencegate on PostgreSQL, a new key and a fence on every request;
 5. fencegate on PostgreSQL, one key repeated (the replay path).
 
-Ratios are to the bare proxy. The bars: (4) >= 0.6x, (5) >= 1.0x. Then, unless
-``--no-profile``, py-spy samples the PostgreSQL gateway under each load and prints where the
-time goes (by package, and the functions with the most samples of their own).
+The table shows medians over the rounds; a ratio is taken to the bare proxy of the same round,
+so a machine that is busy with something else for a while slows both sides of it. The bars:
+(4) >= 0.6x, (5) >= 1.0x. Then, unless ``--no-profile``, py-spy samples the PostgreSQL
+gateway under each load and prints where the time goes (by package, and the functions with
+the most samples of their own).
 """
 
 from __future__ import annotations
@@ -25,11 +27,13 @@ import contextlib
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -158,29 +162,73 @@ def measure(scenario: Scenario, *, concurrency: int, duration: float, warmup: fl
     )
 
 
-def print_table(results: Sequence[Result], *, baseline: float) -> None:
+@dataclass
+class Summary:
+    """One scenario over all rounds: medians, and the ratio to the bare proxy taken within
+    each round (so that a noisy neighbour slows both sides of a ratio alike)."""
+
+    scenario: Scenario
+    rps: float
+    p50_ms: float
+    p99_ms: float
+    cpu_percent: float
+    ratio: float
+    ratio_low: float
+    ratio_high: float
+    statuses: dict[str, int]
+    errors: dict[str, int]
+
+
+def summarize(rounds: Sequence[Sequence[Result]], *, baseline_index: int) -> list[Summary]:
+    summaries = []
+    for i, scenario_results in enumerate(zip(*rounds, strict=True)):
+        ratios = [
+            r.rps / round_results[baseline_index].rps
+            for r, round_results in zip(scenario_results, rounds, strict=True)
+        ]
+        statuses: collections.Counter[str] = collections.Counter()
+        errors: collections.Counter[str] = collections.Counter()
+        for r in scenario_results:
+            statuses.update(r.statuses)
+            errors.update(r.errors)
+        summaries.append(
+            Summary(
+                scenario=scenario_results[0].scenario,
+                rps=statistics.median(r.rps for r in scenario_results),
+                p50_ms=statistics.median(r.p50_ms for r in scenario_results),
+                p99_ms=statistics.median(r.p99_ms for r in scenario_results),
+                cpu_percent=statistics.median(r.cpu_percent for r in scenario_results),
+                ratio=statistics.median(ratios) if i != baseline_index else 1.0,
+                ratio_low=min(ratios),
+                ratio_high=max(ratios),
+                statuses=dict(sorted(statuses.items())),
+                errors=dict(errors),
+            )
+        )
+    return summaries
+
+
+def print_table(summaries: Sequence[Summary]) -> None:
     header = (
-        f"{'scenario':<44} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'x bare':>7} "
-        f"{'CPU %':>6}  statuses"
+        f"{'scenario':<40} {'req/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'x bare':>7} "
+        f"{'(min-max)':>11} {'CPU %':>6}  statuses"
     )
     print(header)
     print("-" * len(header))
-    for r in results:
-        ratio = r.rps / baseline if baseline else float("nan")
+    for r in summaries:
         statuses = " ".join(f"{k}:{v}" for k, v in r.statuses.items())
         if r.errors:
             statuses += " errors:" + ",".join(f"{k}={v}" for k, v in r.errors.items())
+        spread = f"{r.ratio_low:.2f}-{r.ratio_high:.2f}"
         print(
-            f"{r.scenario.name:<44} {r.rps:>8.0f} {r.p50_ms:>8.2f} {r.p99_ms:>8.2f} "
-            f"{ratio:>6.2f}x {r.cpu_percent:>6.0f}  {statuses}"
+            f"{r.scenario.name:<40} {r.rps:>7.0f} {r.p50_ms:>7.2f} {r.p99_ms:>7.2f} "
+            f"{r.ratio:>6.2f}x {spread:>11} {r.cpu_percent:>6.0f}  {statuses}"
         )
     print()
-    for r in results:
-        if r.scenario.bar is None:
-            continue
-        ratio = r.rps / baseline if baseline else float("nan")
-        verdict = "met" if ratio >= r.scenario.bar else "MISSED"
-        print(f"bar {r.scenario.bar:.1f}x for {r.scenario.name}: {ratio:.2f}x, {verdict}")
+    for r in summaries:
+        if r.scenario.bar is not None:
+            verdict = "met" if r.ratio >= r.scenario.bar else "MISSED"
+            print(f"bar {r.scenario.bar:.1f}x for {r.scenario.name}: {r.ratio:.2f}x, {verdict}")
 
 
 # ---------------------------------------------------------------------------- profiling
@@ -189,7 +237,8 @@ def print_table(results: Sequence[Result], *, baseline: float) -> None:
 def classify(frame: str) -> str | None:
     """The package a py-spy frame ``function (path:line)`` belongs to, or None for frames
     that only pass control along (asyncio's own machinery is counted as the event loop)."""
-    path = frame.rsplit("(", 1)[-1]
+    # py-spy prints paths relative to sys.path ("asyncpg/connection.py:2066"), or absolute.
+    path = "/" + frame.rsplit("(", 1)[-1].lstrip("/")
     if "/fencegate/" in path:
         module = path.split("/fencegate/", 1)[1].split(":", 1)[0]
         return "fencegate/" + module
@@ -240,7 +289,7 @@ def summarize_profile(raw_path: Path, *, top: int = 15) -> str:
         )
         by_package[package] += count
         for frame in set(frames):
-            if "/fencegate/" in frame or "/asyncpg/" in frame or "/aiohttp/" in frame:
+            if (classify(frame) or "").startswith(("fencegate/", "asyncpg", "aiohttp")):
                 inclusive[frame] += count
     if not total:
         return "  (no samples)"
@@ -318,29 +367,66 @@ def profile(
     return raw, load
 
 
+def scrape_latency(base_url: str) -> dict[str, tuple[float, float]]:
+    """(sum of seconds, count) of the gateway's latency histograms, by series."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(base_url + "/metrics", timeout=10) as response:
+        text = response.read().decode()
+    totals: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0])
+    for family in text_string_to_metric_families(text):
+        if family.name not in (
+            "fencegate_store_latency_seconds",
+            "fencegate_upstream_latency_seconds",
+        ):
+            continue
+        for sample in family.samples:
+            label = sample.labels.get("operation", "upstream")
+            if sample.name.endswith("_sum"):
+                totals[label][0] += sample.value
+            elif sample.name.endswith("_count"):
+                totals[label][1] += sample.value
+    return {k: (v[0], v[1]) for k, v in totals.items()}
+
+
+def latency_breakdown(
+    before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]]
+) -> str:
+    """Mean wall time per request step between two scrapes: where a request waits."""
+    lines = ["  wall time per call, from the gateway's own /metrics (mean over the run):"]
+    for name in sorted(after):
+        total = after[name][0] - before.get(name, (0.0, 0.0))[0]
+        count = after[name][1] - before.get(name, (0.0, 0.0))[1]
+        if count:
+            lines.append(f"    {name:<14} {1000 * total / count:7.2f} ms  x {count:.0f} calls")
+    return "\n".join(lines)
+
+
 # ---------------------------------------------------------------------------- main
 
 
-async def _new_postgres_database() -> tuple[str, str]:
-    server = postgres.server_url()
+async def _new_postgres_database(server: str) -> str:
     url = await postgres.create_database(server)
     await migrate(url)
-    return server, url
+    return url
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="fencegate gateway benchmark")
     parser.add_argument("--concurrency", type=int, default=48)
-    parser.add_argument("--duration", type=float, default=5.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--duration", type=float, default=3.0)
     parser.add_argument("--warmup", type=float, default=1.0)
     parser.add_argument("--no-profile", action="store_true")
+    parser.add_argument("--profile-seconds", type=float, default=6.0)
     parser.add_argument("--profile-dir", type=Path, default=None)
     args = parser.parse_args(argv)
     started = time.monotonic()
 
     with contextlib.ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fencegate-bench-")))
-        server, pg_url = asyncio.run(_new_postgres_database())
+        server = postgres.server_url()
+        pg_url = asyncio.run(_new_postgres_database(server))
         stack.callback(lambda: asyncio.run(postgres.drop_database(server, pg_url)))
         sqlite_url = f"sqlite:///{tmp / 'fencegate.db'}"
         asyncio.run(migrate(sqlite_url))
@@ -362,15 +448,21 @@ def main(argv: list[str] | None = None) -> int:
             Scenario("fencegate PostgreSQL, replay", gw_pg.url, "replay", gw_pg.pid, 1.0),
         ]
         print(
-            f"concurrency {args.concurrency}, {args.warmup:g} s warm-up + {args.duration:g} s "
-            f"measured per row, {os.cpu_count()} CPUs; one POST of {len(BODY)} bytes per request\n"
+            f"concurrency {args.concurrency}; {args.rounds} interleaved rounds of "
+            f"{args.warmup:g} s warm-up + {args.duration:g} s measured per scenario; "
+            f"{os.cpu_count()} CPUs; one POST of {len(BODY)} bytes per request\n"
         )
-        results = [
-            measure(s, concurrency=args.concurrency, duration=args.duration, warmup=args.warmup)
-            for s in scenarios
-        ]
-        baseline = results[1].rps
-        print_table(results, baseline=baseline)
+        rounds = []
+        for _ in range(args.rounds):
+            rounds.append(
+                [
+                    measure(
+                        s, concurrency=args.concurrency, duration=args.duration, warmup=args.warmup
+                    )
+                    for s in scenarios
+                ]
+            )
+        print_table(summarize(rounds, baseline_index=1))
 
         if args.no_profile:
             return 0
@@ -381,18 +473,20 @@ def main(argv: list[str] | None = None) -> int:
         out_dir = args.profile_dir or tmp
         out_dir.mkdir(parents=True, exist_ok=True)
         for scenario in scenarios[3:]:
+            scraped = scrape_latency(scenario.url)
             raw, load = profile(
                 scenario,
                 py_spy=py_spy,
                 out_dir=out_dir,
                 concurrency=args.concurrency,
-                duration=args.duration,
+                duration=args.profile_seconds,
                 warmup=args.warmup,
             )
             print(
                 f"\nprofile of {scenario.name} (pid {scenario.pid}, "
                 f"{load.get('rps', float('nan')):.0f} req/s while sampled):"
             )
+            print(latency_breakdown(scraped, scrape_latency(scenario.url)))
             print(summarize_profile(raw) if raw.exists() else "  (py-spy produced nothing)")
             if args.profile_dir:
                 print(f"  raw stacks: {raw}")
