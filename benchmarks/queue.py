@@ -93,7 +93,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 async def fencegate_throughput(
-    server: str, *, jobs: int, workers: int, batch: int, profile: bool
+    server: str, *, jobs: int, workers: int, batch: int, heartbeat: bool, profile: bool
 ) -> Row:
     async with fresh_database(server) as url:
         queue = await LeaseQueue.connect(url, timeout=30, pool_max_size=workers + 2)
@@ -119,9 +119,14 @@ async def fencegate_throughput(
                     if not leases:
                         return
                     # One extend per job, renewed together as a worker holding a batch does.
-                    renewed = await queue.extend_many(leases, timeout=30)
+                    if heartbeat:
+                        leases = [
+                            lease
+                            for lease in await queue.extend_many(leases, timeout=30)
+                            if lease is not None
+                        ]
                     answers = await queue.complete_many(
-                        [(lease, None) for lease in renewed if lease is not None], timeout=30
+                        [(lease, None) for lease in leases], timeout=30
                     )
                     done += sum(answers)
 
@@ -140,7 +145,7 @@ async def fencegate_throughput(
         finally:
             await queue.close()
     return Row(
-        f"fencegate   N={workers}",
+        f"fencegate   N={workers}" + ("" if heartbeat else " no heartbeat"),
         jobs_per_second=jobs / seconds,
         enqueue_per_second=jobs / enqueue_seconds,
     )
@@ -431,7 +436,16 @@ async def run(args: argparse.Namespace) -> None:
     for workers in args.workers:
         runs: dict[str, Callable[[], Awaitable[Row]]] = {
             "fencegate": lambda w=workers: fencegate_throughput(
-                server, jobs=args.jobs, workers=w, batch=args.batch, profile=args.profile
+                server,
+                jobs=args.jobs,
+                workers=w,
+                batch=args.batch,
+                heartbeat=True,
+                profile=args.profile,
+            ),
+            # The same without the durable heartbeat: what the extend costs.
+            "no heartbeat": lambda w=workers: fencegate_throughput(
+                server, jobs=args.jobs, workers=w, batch=args.batch, heartbeat=False, profile=False
             ),
             "pgqueuer": lambda w=workers: pgqueuer_throughput(
                 server, jobs=args.jobs, workers=w, batch=args.batch
@@ -441,7 +455,8 @@ async def run(args: argparse.Namespace) -> None:
         names = list(runs)
         for round_number in range(args.rounds):
             # Rotate the order so that drift in the machine's load hits every contender.
-            for name in names[round_number % 2 :] + names[: round_number % 2]:
+            shift = round_number % len(names)
+            for name in names[shift:] + names[:shift]:
                 results[name].append(await runs[name]())
             print(
                 f"  N={workers} round {round_number + 1}: "

@@ -514,7 +514,9 @@ class PostgresDriver:
         deadline = time.monotonic() + timeout
         try:
             async with asyncio.timeout(timeout):
-                conn = await self._pool.acquire(timeout=timeout)
+                # The outer timeout bounds the wait for a connection (and its opening);
+                # acquire(timeout=) would bound it again at the price of a task per call.
+                conn = await self._pool.acquire()
                 healthy = False
                 try:
                     result = await call(conn, max(deadline - time.monotonic(), 0.001))
