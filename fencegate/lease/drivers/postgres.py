@@ -2,9 +2,10 @@
 
 Every operation is one statement (data-modifying CTEs), so it is one short transaction whose
 time comparisons all use the database's ``now()``. Every call is bounded twice: asyncpg's own
-``timeout=`` on acquire and on the statement, and an outer ``asyncio.timeout`` for the whole
-call. A connection whose call did not finish cleanly is terminated, never handed back to the
-pool as healthy: after a silent network partition its protocol state is unknown.
+``timeout=`` on the statement, and an outer ``asyncio.timeout`` over the whole call (waiting
+for a pooled connection, opening one, the statement, the release). A connection whose call
+did not finish cleanly is terminated, never handed back to the pool as healthy: after a
+silent network partition its protocol state is unknown.
 """
 
 from __future__ import annotations
