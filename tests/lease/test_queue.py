@@ -405,7 +405,14 @@ async def test_wait_for_work_wakes_when_work_is_queued(queue: LeaseQueue) -> Non
     assert not waiter.done()
     await queue.enqueue("create_case", None)
     assert await asyncio.wait_for(waiter, 40) is True
-    assert len(await queue.claim("w1", kinds=["create_case"])) == 1
+    [lease] = await queue.claim("w1", kinds=["create_case"])
+    # Work given back is announced as well.
+    assert await queue.wait_for_work(["create_case"], timeout=0.3) is False
+    waiter = asyncio.create_task(queue.wait_for_work(["create_case"], timeout=30))
+    await asyncio.sleep(0.2)
+    assert not waiter.done()
+    assert await queue.release(lease) is True
+    assert await asyncio.wait_for(waiter, 40) is True
 
 
 def _with(lease: Lease, **changes: Any) -> Lease:
