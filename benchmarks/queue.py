@@ -27,6 +27,7 @@ import argparse
 import asyncio
 import contextlib
 import cProfile
+import functools
 import io
 import os
 import pstats
@@ -435,20 +436,27 @@ async def run(args: argparse.Namespace) -> None:
     throughput: list[list[Row]] = []
     for workers in args.workers:
         runs: dict[str, Callable[[], Awaitable[Row]]] = {
-            "fencegate": lambda w=workers: fencegate_throughput(
+            "fencegate": functools.partial(
+                fencegate_throughput,
                 server,
                 jobs=args.jobs,
-                workers=w,
+                workers=workers,
                 batch=args.batch,
                 heartbeat=True,
                 profile=args.profile,
             ),
             # The same without the durable heartbeat: what the extend costs.
-            "no heartbeat": lambda w=workers: fencegate_throughput(
-                server, jobs=args.jobs, workers=w, batch=args.batch, heartbeat=False, profile=False
+            "no heartbeat": functools.partial(
+                fencegate_throughput,
+                server,
+                jobs=args.jobs,
+                workers=workers,
+                batch=args.batch,
+                heartbeat=False,
+                profile=False,
             ),
-            "pgqueuer": lambda w=workers: pgqueuer_throughput(
-                server, jobs=args.jobs, workers=w, batch=args.batch
+            "pgqueuer": functools.partial(
+                pgqueuer_throughput, server, jobs=args.jobs, workers=workers, batch=args.batch
             ),
         }
         results: dict[str, list[Row]] = {name: [] for name in runs}

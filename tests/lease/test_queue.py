@@ -20,7 +20,7 @@ from fencegate.lease import (
 )
 
 # Short intervals that still keep the rule: 1.0 > 1 x 0.25 + 0.5.
-SHORT = {"lease_seconds": 1.0, "heartbeat_seconds": 0.25, "jitter_seconds": 0.5}
+SHORT: dict[str, Any] = {"lease_seconds": 1.0, "heartbeat_seconds": 0.25, "jitter_seconds": 0.5}
 
 
 @pytest.fixture
@@ -305,8 +305,8 @@ async def test_fail_with_retry_in_and_permanent(queue: LeaseQueue) -> None:
 async def test_cancel_voids_a_running_lease(queue: LeaseQueue) -> None:
     queued = await queue.enqueue("create_case", None, idempotency_key="q")
     running = await queue.enqueue("create_case", None, idempotency_key="r")
-    lease = await queue.claim("w1", limit=1)
-    assert lease[0].job_id == queued
+    first = await claim_one(queue, "w1")
+    assert first.job_id == queued
     assert await queue.cancel(queued, reason="customer withdrew") is True
     lease = await claim_one(queue, "w1")
     assert lease.job_id == running

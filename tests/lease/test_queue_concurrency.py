@@ -19,7 +19,9 @@ TASKS = 8
 ROOT = Path(__file__).resolve().parents[2]
 
 
-async def drain(url: str, process: str, *, tasks: int, deadline_seconds: float) -> dict[str, list[int]]:
+async def drain(
+    url: str, process: str, *, tasks: int, deadline_seconds: float
+) -> dict[str, list[int]]:
     """Claim, heartbeat and complete until the queue is empty; report what was done."""
     queue = await LeaseQueue.connect(url, timeout=30, pool_max_size=4)
     completed: list[int] = []

@@ -112,6 +112,7 @@ async def test_connect_during_a_partition(relay: tuple[TcpRelay, str]) -> None:
 async def test_locked_sqlite_store(sqlite_url: str) -> None:
     queue = await LeaseQueue.connect(sqlite_url, timeout=10)
     path = parse_database_url(sqlite_url).sqlite_path
+    assert path is not None
     try:
         job_id = await queue.enqueue("create_case", None)
         [lease] = await queue.claim("w1", limit=1)
