@@ -343,6 +343,8 @@ class LeaseQueue:
         """Newest first."""
         if state is not None and state not in JOB_STATES:
             raise ValueError(f"unknown job state {state!r}; one of {', '.join(JOB_STATES)}")
+        if limit < 1:
+            raise ValueError(f"limit {limit} must be at least 1")
         return await self._driver.list_jobs(state=state, kind=kind, limit=limit, timeout=timeout)
 
     async def attempts(self, job_id: int, *, timeout: float = DEFAULT_TIMEOUT) -> list[Attempt]:
