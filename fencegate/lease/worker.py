@@ -132,8 +132,8 @@ class Worker:
     # -- public ---------------------------------------------------------------------------
     async def run(self) -> None:
         """Work until `stop()`; then finish or release what is running."""
-        await self._start()
         try:
+            await self._start()
             await self._claim_loop(until_idle=False)
         finally:
             await self._shutdown()
@@ -141,8 +141,8 @@ class Worker:
     async def run_until_idle(self) -> None:
         """Work until nothing is claimable now and nothing is running (retries scheduled
         for later are left for later)."""
-        await self._start()
         try:
+            await self._start()
             await self._claim_loop(until_idle=True)
         finally:
             await self._shutdown()
@@ -204,6 +204,7 @@ class Worker:
         return connect
 
     async def _shutdown(self) -> None:
+        # Also runs after a failed start: each part is closed only if it was opened.
         running = dict(self._running)
         if running:
             _, pending = await asyncio.wait(running, timeout=self.grace_seconds)

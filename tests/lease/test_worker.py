@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from fencegate.lease import LeaseQueue, WorkClass
+from fencegate.lease import LeaseQueue, StoreUnavailable, WorkClass
 from fencegate.lease.events import EventLog, digest
 from fencegate.lease.job import JobContext
 from fencegate.lease.metrics import WorkerMetrics
@@ -280,3 +280,19 @@ async def test_a_result_the_store_cannot_hold_fails_the_job(
     assert (job.state, job.attempt) == ("failed", 1)
     [failed] = worker.events.named("job_failed")
     assert failed["error"] == "result_not_storable"
+
+
+async def test_an_unreachable_store_fails_the_start_with_one_clear_error() -> None:
+    async def never(job: JobContext) -> None:
+        raise AssertionError("no job can be claimed")
+
+    worker = Worker(
+        "postgresql://postgres@127.0.0.1:1/nowhere",
+        tools={"k": never},
+        events=EventLog(),
+        metrics=WorkerMetrics(registry=CollectorRegistry()),
+        store_timeout=2.0,
+    )
+    with pytest.raises(StoreUnavailable, match="did not answer"):
+        await asyncio.wait_for(worker.run(), 30)
+    assert [e["event"] for e in worker.events.records] == ["worker_stopped"]
