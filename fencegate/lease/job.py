@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from fencegate.lease.events import EventLog, digest
-from fencegate.lease.execution import Execution, OwnershipLost
+from fencegate.lease.execution import Execution, OwnershipLost, OwnershipUnknown
 
 if TYPE_CHECKING:
     import aiohttp
@@ -114,6 +114,24 @@ class JobContext:
 
     def ensure_owner(self, margin: float | None = None) -> None:
         self.execution.guard(margin=self.ownership_margin if margin is None else margin)
+
+    async def wait_for_ownership(self, *, timeout: float) -> None:
+        """Wait (at most ``timeout`` seconds) for the heartbeat to confirm the lease again.
+
+        For a tool that would rather wait out a short store outage than fail: returns as
+        soon as a new external action may start; raises `OwnershipLost` at once if the
+        lease is lost, and `OwnershipUnknown` if it is still unconfirmed at the timeout.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            try:
+                self.guard()
+                return
+            except OwnershipUnknown:
+                if loop.time() >= deadline:
+                    raise
+            await asyncio.sleep(min(0.05, max(0.0, deadline - loop.time())))
 
     # -- stages ---------------------------------------------------------------------------
     async def stage(
