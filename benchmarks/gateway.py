@@ -38,6 +38,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import orjson
 
@@ -59,6 +60,9 @@ class Scenario:
     mode: str
     pid: int
     bar: float | None = None
+    # Processes that work for this server and whose CPU counts toward each request.
+    helper_pids: tuple[int, ...] = ()
+    database: str | None = None  # PostgreSQL backends serving this database count too
 
 
 @dataclass
@@ -68,8 +72,32 @@ class Result:
     p50_ms: float
     p99_ms: float
     cpu_percent: float
+    cost_ms: float
+    cost_parts_ms: tuple[float, float, float]  # server, upstream, database backends
     statuses: dict[str, int]
     errors: dict[str, int]
+
+
+def backend_pids(database: str) -> list[int]:
+    """PostgreSQL backends connected to one database (their title names it), on this host."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            title = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if title.startswith("postgres:") and f" {database} " in title:
+            pids.append(int(entry.name))
+    return pids
+
+
+def cpu_snapshot(scenario: Scenario) -> dict[int, float]:
+    pids = [scenario.pid, *scenario.helper_pids]
+    if scenario.database:
+        pids += backend_pids(scenario.database)
+    return {pid: cpu_seconds(pid) for pid in pids}
 
 
 def cpu_seconds(pid: int) -> float:
@@ -143,6 +171,7 @@ def measure(scenario: Scenario, *, concurrency: int, duration: float, warmup: fl
     # The load generator reports only the measured window; CPU is sampled over the whole run
     # (warm-up included) and scaled, which is close enough for "is this process saturated".
     cpu_before, wall_before = cpu_seconds(scenario.pid), time.monotonic()
+    all_before = cpu_snapshot(scenario)
     load = run_load(
         scenario.url + "/charges",
         mode=scenario.mode,
@@ -151,7 +180,23 @@ def measure(scenario: Scenario, *, concurrency: int, duration: float, warmup: fl
         warmup=warmup,
     )
     cpu = (cpu_seconds(scenario.pid) - cpu_before) / (time.monotonic() - wall_before)
+    all_after = cpu_snapshot(scenario)
+    # A backend that connected during the run counts from zero.
+    spent = {
+        pid: after - all_before.get(pid, 0.0)
+        for pid, after in all_after.items()
+        if after == after  # not NaN: the process may have exited
+    }
+    answered = max(int(load["all_requests"]), 1)
+    server = spent.get(scenario.pid, 0.0)
+    helpers = sum(spent.get(pid, 0.0) for pid in scenario.helper_pids)
     return Result(
+        cost_ms=1000 * sum(spent.values()) / answered,
+        cost_parts_ms=(
+            1000 * server / answered,
+            1000 * helpers / answered,
+            1000 * (sum(spent.values()) - server - helpers) / answered,
+        ),
         scenario=scenario,
         rps=float(load["rps"]),
         p50_ms=float(load["p50_ms"]),
@@ -172,6 +217,9 @@ class Summary:
     p50_ms: float
     p99_ms: float
     cpu_percent: float
+    cost_ms: float
+    cost_parts_ms: tuple[float, float, float]
+    cost_ratio: float
     ratio: float
     ratio_low: float
     ratio_high: float
@@ -198,6 +246,16 @@ def summarize(rounds: Sequence[Sequence[Result]], *, baseline_index: int) -> lis
                 p50_ms=statistics.median(r.p50_ms for r in scenario_results),
                 p99_ms=statistics.median(r.p99_ms for r in scenario_results),
                 cpu_percent=statistics.median(r.cpu_percent for r in scenario_results),
+                cost_ms=statistics.median(r.cost_ms for r in scenario_results),
+                cost_parts_ms=(
+                    statistics.median(r.cost_parts_ms[0] for r in scenario_results),
+                    statistics.median(r.cost_parts_ms[1] for r in scenario_results),
+                    statistics.median(r.cost_parts_ms[2] for r in scenario_results),
+                ),
+                cost_ratio=statistics.median(
+                    r.cost_ms / round_results[baseline_index].cost_ms
+                    for r, round_results in zip(scenario_results, rounds, strict=True)
+                ),
                 ratio=statistics.median(ratios) if i != baseline_index else 1.0,
                 ratio_low=min(ratios),
                 ratio_high=max(ratios),
@@ -211,7 +269,7 @@ def summarize(rounds: Sequence[Sequence[Result]], *, baseline_index: int) -> lis
 def print_table(summaries: Sequence[Summary]) -> None:
     header = (
         f"{'scenario':<40} {'req/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'x bare':>7} "
-        f"{'(min-max)':>11} {'CPU %':>6}  statuses"
+        f"{'(min-max)':>11} {'CPU %':>6} {'CPU ms/req':>10} {'x bare':>6}  statuses"
     )
     print(header)
     print("-" * len(header))
@@ -222,13 +280,26 @@ def print_table(summaries: Sequence[Summary]) -> None:
         spread = f"{r.ratio_low:.2f}-{r.ratio_high:.2f}"
         print(
             f"{r.scenario.name:<40} {r.rps:>7.0f} {r.p50_ms:>7.2f} {r.p99_ms:>7.2f} "
-            f"{r.ratio:>6.2f}x {spread:>11} {r.cpu_percent:>6.0f}  {statuses}"
+            f"{r.ratio:>6.2f}x {spread:>11} {r.cpu_percent:>6.0f} {r.cost_ms:>10.3f} "
+            f"{r.cost_ratio:>5.2f}x  {statuses}"
         )
     print()
     for r in summaries:
         if r.scenario.bar is not None:
             verdict = "met" if r.ratio >= r.scenario.bar else "MISSED"
             print(f"bar {r.scenario.bar:.1f}x for {r.scenario.name}: {r.ratio:.2f}x, {verdict}")
+    print("\nCPU ms per request, by process:")
+    print(f"  {'scenario':<40} {'server':>7} {'upstream':>9} {'postgres':>9}")
+    for r in summaries:
+        server, upstream, database = r.cost_parts_ms
+        if r.scenario.helper_pids:
+            db = f"{database:>9.3f}" if r.scenario.database else f"{'-':>9}"
+            print(f"  {r.scenario.name:<40} {server:>7.3f} {upstream:>9.3f} {db}")
+    print(
+        "\nCPU %: the server process alone. CPU ms/req: the server, the upstream and this "
+        "run's\nPostgreSQL backends together, per answered request (warm-up included); less "
+        "sensitive\nthan req/s to other work on the machine. The load generator is not counted."
+    )
 
 
 # ---------------------------------------------------------------------------- profiling
@@ -267,8 +338,27 @@ def classify(frame: str) -> str | None:
     return None
 
 
+# Native leaf frames (py-spy --native) that say what the process was doing, not where.
+_NATIVE_ACTIVITY = (
+    (("write (", "writev (", "sendto (", "sendmsg (", "send ("), "socket writes (kernel)"),
+    (("read (", "recvfrom (", "recvmsg (", "recv ("), "socket reads (kernel)"),
+    (("epoll_wait (", "epoll_pwait ("), "waiting in epoll"),
+)
+
+
+def activity(frames: Sequence[str]) -> str | None:
+    leaf = frames[-1]
+    for prefixes, name in _NATIVE_ACTIVITY:
+        if leaf.startswith(prefixes):
+            return name
+    if any(f.startswith("gc_collect") for f in frames):
+        return "garbage collection"
+    return None
+
+
 def summarize_profile(raw_path: Path, *, top: int = 15) -> str:
     by_package: collections.Counter[str] = collections.Counter()
+    writes_by_caller: collections.Counter[str] = collections.Counter()
     own: collections.Counter[str] = collections.Counter()
     inclusive: collections.Counter[str] = collections.Counter()
     total = 0
@@ -277,26 +367,29 @@ def summarize_profile(raw_path: Path, *, top: int = 15) -> str:
         if not stack or not count_text.isdigit():
             continue
         count = int(count_text)
-        total += count
-        frames = stack.split(";")
-        # py-spy puts the thread name first; the leaf frame is last.
-        frames = [f for f in frames if "(" in f]
+        frames = [f for f in stack.split(";") if "(" in f]  # drop the thread name
         if not frames:
             continue
+        total += count
         own[frames[-1]] += count
-        package = next(
-            (p for p in map(classify, reversed(frames)) if p is not None), "other (stdlib)"
-        )
-        by_package[package] += count
+        package = next((p for p in map(classify, reversed(frames)) if p is not None), "other")
+        kind = activity(frames)
+        by_package[kind or package] += count
+        if kind == "socket writes (kernel)":
+            writes_by_caller[package] += count
         for frame in set(frames):
             if (classify(frame) or "").startswith(("fencegate/", "asyncpg", "aiohttp")):
                 inclusive[frame] += count
     if not total:
         return "  (no samples)"
     lines = [f"  {total} samples of a busy thread"]
-    lines.append("  by package (innermost known package of each sample):")
+    lines.append("  by activity, else by the innermost known package of each sample:")
     for package, count in by_package.most_common(top):
         lines.append(f"    {100 * count / total:5.1f}%  {package}")
+    if writes_by_caller:
+        lines.append("  socket writes, by the package that wrote:")
+        for package, count in writes_by_caller.most_common(top):
+            lines.append(f"    {100 * count / total:5.1f}%  {package}")
     lines.append("  functions with the most samples of their own:")
     for frame, count in own.most_common(top):
         lines.append(f"    {100 * count / total:5.1f}%  {_short(frame)}")
@@ -356,7 +449,9 @@ def profile(
             "raw",
             "--output",
             str(raw),
-            "--nonblocking",
+            # Native frames show the syscalls and the garbage collector; they need the
+            # target paused for each sample, which slows it a little while sampled.
+            "--native",
         ],
         capture_output=True,
         text=True,
@@ -427,6 +522,7 @@ def main(argv: list[str] | None = None) -> int:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fencegate-bench-")))
         server = postgres.server_url()
         pg_url = asyncio.run(_new_postgres_database(server))
+        pg_database = urlsplit(pg_url).path.lstrip("/")
         stack.callback(lambda: asyncio.run(postgres.drop_database(server, pg_url)))
         sqlite_url = f"sqlite:///{tmp / 'fencegate.db'}"
         asyncio.run(migrate(sqlite_url))
@@ -440,12 +536,35 @@ def main(argv: list[str] | None = None) -> int:
 
         scenarios = [
             Scenario("upstream alone", upstream.url, "new-keys", upstream.pid),
-            Scenario("bare proxy (no store)", bare_url, "new-keys", bare_pid),
-            Scenario("fencegate SQLite, new key + fence", gw_sqlite.url, "new-keys", gw_sqlite.pid),
             Scenario(
-                "fencegate PostgreSQL, new key + fence", gw_pg.url, "new-keys", gw_pg.pid, 0.6
+                "bare proxy (no store)", bare_url, "new-keys", bare_pid, None, (upstream.pid,)
             ),
-            Scenario("fencegate PostgreSQL, replay", gw_pg.url, "replay", gw_pg.pid, 1.0),
+            Scenario(
+                "fencegate SQLite, new key + fence",
+                gw_sqlite.url,
+                "new-keys",
+                gw_sqlite.pid,
+                None,
+                (upstream.pid,),
+            ),
+            Scenario(
+                "fencegate PostgreSQL, new key + fence",
+                gw_pg.url,
+                "new-keys",
+                gw_pg.pid,
+                0.6,
+                (upstream.pid,),
+                pg_database,
+            ),
+            Scenario(
+                "fencegate PostgreSQL, replay",
+                gw_pg.url,
+                "replay",
+                gw_pg.pid,
+                1.0,
+                (upstream.pid,),
+                pg_database,
+            ),
         ]
         print(
             f"concurrency {args.concurrency}; {args.rounds} interleaved rounds of "

@@ -37,6 +37,7 @@ async def _worker(
     latencies: list[float],
     statuses: Counter[int],
     errors: Counter[str],
+    completed: list[int],
 ) -> None:
     sequence = 0
     entity = f"bench:{run_id}:{index}"
@@ -56,6 +57,7 @@ async def _worker(
             async with session.post(url, data=BODY, headers=headers) as response:
                 await response.read()
                 status = response.status
+            completed[0] += 1
         except (aiohttp.ClientError, TimeoutError) as exc:
             if started >= record_from:
                 errors[type(exc).__name__] += 1
@@ -78,6 +80,7 @@ async def run(
     latencies: list[float] = []
     statuses: Counter[int] = Counter()
     errors: Counter[str] = Counter()
+    completed = [0]  # every answer, warm-up included: CPU is measured over the whole run
     run_id = uuid.uuid4().hex[:10]
     connector = aiohttp.TCPConnector(limit=concurrency)
     timeout = aiohttp.ClientTimeout(total=30)
@@ -104,6 +107,7 @@ async def run(
                     latencies=latencies,
                     statuses=statuses,
                     errors=errors,
+                    completed=completed,
                 )
                 for i in range(concurrency)
             )
@@ -115,6 +119,7 @@ async def run(
         "concurrency": concurrency,
         "duration": duration,
         "requests": len(latencies),
+        "all_requests": completed[0],
         "rps": len(latencies) / duration,
         "p50_ms": _percentile(latencies, 0.50) * 1000,
         "p99_ms": _percentile(latencies, 0.99) * 1000,
