@@ -26,7 +26,7 @@ async def test_two_processes_of_four_workers_run_each_job_once(
                 "kind": "work",
                 "payload": {"n": n},
                 "idempotency_key": f"fleet:{n}",
-                "lease_seconds": 5.0,
+                "lease_seconds": 3.0,
                 "heartbeat_seconds": 1.0,
                 "jitter_seconds": 1.0,
             }
@@ -47,7 +47,7 @@ async def test_two_processes_of_four_workers_run_each_job_once(
                 "--concurrency",
                 "4",
                 "--lease-seconds",
-                "5",
+                "3",
                 "--heartbeat-seconds",
                 "1",
                 "--jitter-seconds",
