@@ -133,3 +133,56 @@ async def test_sigterm_finishes_what_it_can_and_releases_the_rest(
     logged = [e["event"] for e in read(events)]
     assert logged.count("job_released") == 1 and logged.count("result_committed") == 1
     assert logged[-1] == "worker_stopped"
+
+
+async def test_a_paused_worker_wakes_up_to_zero_rows_and_stops(
+    store_url: str, tmp_path: Path
+) -> None:
+    """A runtime pause (SIGSTOP, as a stop-the-world pause or a frozen VM would do): when
+    the process resumes, the lease belongs to someone else. Its next renewal finds zero
+    rows; the tool is cancelled and nothing is committed."""
+    queue = await LeaseQueue.connect(store_url)
+    events = tmp_path / "events.jsonl"
+    job_id = await queue.enqueue(
+        "work",
+        {"seconds": 120},
+        idempotency_key="work:paused",
+        lease_seconds=2.0,
+        heartbeat_seconds=0.5,
+        jitter_seconds=0.5,
+    )
+    proc = start_worker_process(store_url, events, "--tool", "sleep", "--name", "sleeper")
+    try:
+        deadline = time.monotonic() + 60
+        while not any(e["event"] == "heartbeat_ok" for e in read(events)):
+            assert proc.poll() is None, proc.stdout.read() if proc.stdout else b""
+            assert time.monotonic() < deadline, "the worker never renewed its lease"
+            await asyncio.sleep(0.05)
+        proc.send_signal(signal.SIGSTOP)
+        leases = []
+        deadline = time.monotonic() + 60
+        while not leases and time.monotonic() < deadline:
+            leases = await queue.claim("rescuer", kinds=["work"], limit=1)
+            await asyncio.sleep(0.1)
+        [lease] = leases
+        proc.send_signal(signal.SIGCONT)
+        deadline = time.monotonic() + 60
+        while not any(e["event"] == "result_rejected" for e in read(events)):
+            assert proc.poll() is None, proc.stdout.read() if proc.stdout else b""
+            assert time.monotonic() < deadline, "the woken worker did not give the job up"
+            await asyncio.sleep(0.05)
+        assert await queue.complete(lease, {"by": "rescuer"})
+        job = await queue.get(job_id)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)
+            proc.kill()
+            proc.wait(timeout=30)
+        await queue.close()
+
+    logged = read(events)
+    [lost] = [e for e in logged if e["event"] == "heartbeat_lost"]
+    assert lost["reason"] == "zero_rows"
+    assert (lost["current_owner"], lost["current_token"]) == ("rescuer", lease.fencing_token)
+    assert not any(e["event"] == "result_committed" for e in logged)
+    assert (job.state, job.result) == ("succeeded", {"by": "rescuer"})
