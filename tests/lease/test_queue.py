@@ -72,6 +72,23 @@ async def test_enqueue_is_idempotent_by_key(queue: LeaseQueue) -> None:
     assert job.idempotency_key == "ticket:c-1048:create"
 
 
+async def test_concurrent_enqueues_of_one_key_make_one_job(store_url: str) -> None:
+    queues = [await LeaseQueue.connect(store_url, timeout=10) for _ in range(3)]
+    try:
+        ids = await asyncio.gather(
+            *(
+                queues[n % 3].enqueue("create_case", {"n": n}, idempotency_key="same-key")
+                for n in range(12)
+            )
+        )
+        assert len(set(ids)) == 1
+        jobs = await queues[0].list_jobs()
+        assert [job.id for job in jobs] == [ids[0]]
+    finally:
+        for q in queues:
+            await q.close()
+
+
 async def test_job_values_come_from_call_then_work_class_then_defaults(queue: LeaseQueue) -> None:
     queue.declare(
         WorkClass(
