@@ -5,6 +5,7 @@ fenced HTTP clients."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol
@@ -19,6 +20,11 @@ if TYPE_CHECKING:
     from fencegate.lease.httpx_client import FencedAuth
     from fencegate.lease.models import Lease
     from fencegate.types import RequestSigner
+
+
+_current_stage: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "fencegate_stage", default=None
+)
 
 
 class StageStore(Protocol):
@@ -58,7 +64,6 @@ class JobContext:
         self._session = session
         self.store_timeout = store_timeout
         self.http_timeout = http_timeout
-        self.current_stage: str | None = None
 
     # -- identity -------------------------------------------------------------------------
     @property
@@ -92,6 +97,11 @@ class JobContext:
     @property
     def default_entity(self) -> str:
         return f"job:{self.id}"
+
+    @property
+    def current_stage(self) -> str | None:
+        """The stage the calling task is in (stages run concurrently keep theirs apart)."""
+        return _current_stage.get()
 
     def step_key(self, step: str) -> str:
         """The stable ``Idempotency-Key`` of one step of this job: the same on every attempt."""
@@ -152,14 +162,14 @@ class JobContext:
             return record.result
         self.guard()
         limit = timeout if timeout is not None else self.lease.stage_timeout_seconds
-        previous, self.current_stage = self.current_stage, name
+        entered = _current_stage.set(name)
         try:
             result = await asyncio.wait_for(_call(fn), limit)
         except TimeoutError as exc:
             self.emit("stage_timeout", stage=name, timeout_seconds=limit)
             raise StageTimeout(f"stage {name!r} ran longer than {limit}s") from exc
         finally:
-            self.current_stage = previous
+            _current_stage.reset(entered)
         committed = await self.queue.commit_stage(
             self.lease, name, result, timeout=self.store_timeout
         )

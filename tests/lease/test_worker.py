@@ -17,6 +17,7 @@ from fencegate.lease.job import JobContext
 from fencegate.lease.metrics import WorkerMetrics
 from fencegate.lease.worker import PermanentError, Worker
 from tests.lease.worker_helpers import SHORT, names, running, wait_for_state, wait_until
+from tests.support.upstream import UpstreamProcess
 
 
 @pytest.fixture
@@ -296,3 +297,29 @@ async def test_an_unreachable_store_fails_the_start_with_one_clear_error() -> No
     with pytest.raises(StoreUnavailable, match="did not answer"):
         await asyncio.wait_for(worker.run(), 30)
     assert [e["event"] for e in worker.events.records] == ["worker_stopped"]
+
+
+async def test_requests_inside_a_stage_carry_the_stage_in_their_key(
+    store_url: str, queue: LeaseQueue
+) -> None:
+    with UpstreamProcess() as upstream:
+
+        async def notify(job: JobContext) -> dict[str, list[str]]:
+            async def send(channel: str) -> str:
+                answer = await job.http().post(f"{upstream.url}/notify/{channel}", json={})
+                return str((await answer.json())["key"])
+
+            # Two stages at once: each request is keyed by its own stage.
+            keys = await asyncio.gather(
+                job.stage("email", lambda: send("email")),
+                job.stage("sms", lambda: send("sms")),
+            )
+            return {"keys": list(keys)}
+
+        job_id = await queue.enqueue("notify", {}, idempotency_key="notify:c-1048", **SHORT)
+        worker = make_worker(store_url, {"notify": notify})
+        await asyncio.wait_for(worker.run_until_idle(), 60)
+    job = await queue.get(job_id)
+    assert job.result == {
+        "keys": ["notify:c-1048:email:POST /notify/email", "notify:c-1048:sms:POST /notify/sms"]
+    }
