@@ -18,8 +18,9 @@ from fencegate.store.base import StoreUnavailable
 I = TypeVar("I")  # noqa: E741
 R = TypeVar("R")
 
-# run(items, timeout) -> one result per item, in order
-BatchRunner = Callable[[list[I], float], Awaitable[Sequence[R]]]
+# run(items, timeout) -> one result per item, in order; an exception in place of a result
+# fails that item alone.
+BatchRunner = Callable[[list[I], float], Awaitable[Sequence[R | BaseException]]]
 
 
 class Batcher(Generic[I, R]):
@@ -72,7 +73,11 @@ class Batcher(Generic[I, R]):
                 raise
             return
         for (_, _, future), result in zip(batch, results, strict=True):
-            if not future.done():
+            if future.done():
+                continue
+            if isinstance(result, BaseException):
+                future.set_exception(result)
+            else:
                 future.set_result(result)
 
     def _done(self, task: asyncio.Task[None]) -> None:

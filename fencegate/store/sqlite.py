@@ -25,6 +25,7 @@ from fencegate.store.base import (
     StoredResponse,
     StoreUnavailable,
 )
+from fencegate.store.batching import Batcher
 
 T = TypeVar("T")
 
@@ -44,79 +45,87 @@ def _check_deadline(deadline: float) -> None:
         raise _CallerGaveUp
 
 
-def _decide(conn: sqlite3.Connection, r: DecideRequest, deadline: float) -> Decision:
+def _decide_many(
+    conn: sqlite3.Connection, requests: list[DecideRequest], deadline: float
+) -> list[Decision | BaseException]:
+    """Decisions in arrival order, in one write transaction: one lock and one commit for
+    everything that queued up while the previous batch ran."""
     with write_transaction(conn):
         _check_deadline(deadline)
         now = float(conn.execute(f"SELECT {NOW}").fetchone()[0])
-        last: int | None = None
-        if r.fence is not None:
-            row = conn.execute(
-                "SELECT last_accepted FROM fences WHERE tenant = ? AND entity = ?",
-                (r.tenant, r.entity),
-            ).fetchone()
-            if row is not None and r.fence < row[0]:
-                return Decision(Outcome.STALE, last_accepted=int(row[0]))
-            conn.execute(
-                "INSERT INTO fences (tenant, entity, last_accepted, updated_at) "
-                "VALUES (?, ?, ?, ?) ON CONFLICT (tenant, entity) DO UPDATE "
-                "SET last_accepted = excluded.last_accepted, updated_at = excluded.updated_at",
-                (r.tenant, r.entity, r.fence, now),
-            )
-            last = r.fence
-        if r.key is None:
-            return Decision(Outcome.FENCE_ONLY, last_accepted=last)
+        return [_decide(conn, r, now) for r in requests]
 
+
+def _decide(conn: sqlite3.Connection, r: DecideRequest, now: float) -> Decision:
+    last: int | None = None
+    if r.fence is not None:
         row = conn.execute(
-            "SELECT * FROM idempotency_keys WHERE tenant = ? AND key = ?", (r.tenant, r.key)
+            "SELECT last_accepted FROM fences WHERE tenant = ? AND entity = ?",
+            (r.tenant, r.entity),
         ).fetchone()
-        if row is None or row["expires_at"] <= now:
-            conn.execute(
-                "INSERT OR REPLACE INTO idempotency_keys (tenant, key, fingerprint, state, "
-                "owner, locked_until, attempt, entity, fence, created_at, expires_at) "
-                "VALUES (?, ?, ?, 'in_flight', ?, ?, 1, ?, ?, ?, ?)",
-                (
-                    r.tenant,
-                    r.key,
-                    r.fingerprint,
-                    r.owner,
-                    now + r.lease_seconds,
-                    r.entity,
-                    r.fence,
-                    now,
-                    now + r.ttl_seconds,
-                ),
-            )
-            return Decision(Outcome.RESERVED, last_accepted=last, attempt=1)
-        if row["fingerprint"] != r.fingerprint:
-            return Decision(Outcome.MISMATCH, last_accepted=last, attempt=row["attempt"])
-        state = row["state"]
-        if state == "completed":
-            response = StoredResponse(
-                status=int(row["response_status"]),
-                headers=[(str(k), str(v)) for k, v in orjson.loads(row["response_headers"])],
-                body=None if row["body_too_large"] else bytes(row["response_body"] or b""),
-                sha256=str(row["response_sha256"]),
-            )
-            return Decision(
-                Outcome.REPLAY, last_accepted=last, attempt=row["attempt"], response=response
-            )
-        if state == "in_flight" and row["locked_until"] > now:
-            return Decision(
-                Outcome.IN_FLIGHT,
-                last_accepted=last,
-                attempt=row["attempt"],
-                retry_after=float(row["locked_until"]) - now,
-            )
-        if state == "outcome_unknown" and not r.retry_unknown:
-            return Decision(Outcome.UNKNOWN, last_accepted=last, attempt=row["attempt"])
-        attempt = int(row["attempt"]) + 1
+        if row is not None and r.fence < row[0]:
+            return Decision(Outcome.STALE, last_accepted=int(row[0]))
         conn.execute(
-            "UPDATE idempotency_keys SET state = 'in_flight', owner = ?, locked_until = ?, "
-            "attempt = ?, entity = ?, fence = ? WHERE tenant = ? AND key = ?",
-            (r.owner, now + r.lease_seconds, attempt, r.entity, r.fence, r.tenant, r.key),
+            "INSERT INTO fences (tenant, entity, last_accepted, updated_at) "
+            "VALUES (?, ?, ?, ?) ON CONFLICT (tenant, entity) DO UPDATE "
+            "SET last_accepted = excluded.last_accepted, updated_at = excluded.updated_at",
+            (r.tenant, r.entity, r.fence, now),
         )
-        outcome = Outcome.TAKEN_OVER if state == "in_flight" else Outcome.RETRY_UNKNOWN
-        return Decision(outcome, last_accepted=last, attempt=attempt)
+        last = r.fence
+    if r.key is None:
+        return Decision(Outcome.FENCE_ONLY, last_accepted=last)
+
+    row = conn.execute(
+        "SELECT * FROM idempotency_keys WHERE tenant = ? AND key = ?", (r.tenant, r.key)
+    ).fetchone()
+    if row is None or row["expires_at"] <= now:
+        conn.execute(
+            "INSERT OR REPLACE INTO idempotency_keys (tenant, key, fingerprint, state, "
+            "owner, locked_until, attempt, entity, fence, created_at, expires_at) "
+            "VALUES (?, ?, ?, 'in_flight', ?, ?, 1, ?, ?, ?, ?)",
+            (
+                r.tenant,
+                r.key,
+                r.fingerprint,
+                r.owner,
+                now + r.lease_seconds,
+                r.entity,
+                r.fence,
+                now,
+                now + r.ttl_seconds,
+            ),
+        )
+        return Decision(Outcome.RESERVED, last_accepted=last, attempt=1)
+    if row["fingerprint"] != r.fingerprint:
+        return Decision(Outcome.MISMATCH, last_accepted=last, attempt=row["attempt"])
+    state = row["state"]
+    if state == "completed":
+        response = StoredResponse(
+            status=int(row["response_status"]),
+            headers=[(str(k), str(v)) for k, v in orjson.loads(row["response_headers"])],
+            body=None if row["body_too_large"] else bytes(row["response_body"] or b""),
+            sha256=str(row["response_sha256"]),
+        )
+        return Decision(
+            Outcome.REPLAY, last_accepted=last, attempt=row["attempt"], response=response
+        )
+    if state == "in_flight" and row["locked_until"] > now:
+        return Decision(
+            Outcome.IN_FLIGHT,
+            last_accepted=last,
+            attempt=row["attempt"],
+            retry_after=float(row["locked_until"]) - now,
+        )
+    if state == "outcome_unknown" and not r.retry_unknown:
+        return Decision(Outcome.UNKNOWN, last_accepted=last, attempt=row["attempt"])
+    attempt = int(row["attempt"]) + 1
+    conn.execute(
+        "UPDATE idempotency_keys SET state = 'in_flight', owner = ?, locked_until = ?, "
+        "attempt = ?, entity = ?, fence = ? WHERE tenant = ? AND key = ?",
+        (r.owner, now + r.lease_seconds, attempt, r.entity, r.fence, r.tenant, r.key),
+    )
+    outcome = Outcome.TAKEN_OVER if state == "in_flight" else Outcome.RETRY_UNKNOWN
+    return Decision(outcome, last_accepted=last, attempt=attempt)
 
 
 def _execute(sql: str, params: tuple[object, ...]) -> Callable[[sqlite3.Connection], int]:
@@ -152,6 +161,14 @@ def _remember_nonce(
 class SQLiteGatewayStore:
     def __init__(self, db: SQLiteDatabase) -> None:
         self._db = db
+        # One connection on one thread: a single batch at a time, and each batch is one
+        # thread hand-off and one transaction however many calls it carries.
+        self._decider: Batcher[DecideRequest, Decision] = Batcher(
+            self._decide_many, max_in_flight=1
+        )
+        self._completer: Batcher[tuple[Reservation, StoredResponse], bool] = Batcher(
+            self._complete_many, max_in_flight=1
+        )
 
     @classmethod
     def open(cls, path: Path | str, *, busy_timeout: float = 5.0) -> SQLiteGatewayStore:
@@ -166,8 +183,13 @@ class SQLiteGatewayStore:
             raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from exc
 
     async def decide(self, request: DecideRequest, *, timeout: float) -> Decision:
+        return await self._decider.submit(request, timeout=timeout)
+
+    async def _decide_many(
+        self, requests: list[DecideRequest], timeout: float
+    ) -> list[Decision | BaseException]:
         deadline = time.monotonic() + timeout
-        return await self._run(lambda conn: _decide(conn, request, deadline), timeout=timeout)
+        return await self._run(lambda conn: _decide_many(conn, requests, deadline), timeout=timeout)
 
     async def complete(
         self,
@@ -176,20 +198,33 @@ class SQLiteGatewayStore:
         *,
         timeout: float,
     ) -> bool:
+        return await self._completer.submit((reservation, response), timeout=timeout)
+
+    async def _complete_many(
+        self, items: list[tuple[Reservation, StoredResponse]], timeout: float
+    ) -> list[bool | BaseException]:
         sql = (
             "UPDATE idempotency_keys SET state = 'completed', response_status = ?, "
             "response_headers = ?, response_body = ?, response_sha256 = ?, "
             f"body_too_large = ?, completed_at = {NOW}, locked_until = NULL WHERE {_OWNED}"
         )
-        params = (
-            response.status,
-            orjson.dumps(response.headers).decode(),
-            response.body,
-            response.sha256,
-            int(response.body is None),
-            *_key(reservation),
-        )
-        return await self._run(_execute(sql, params), timeout=timeout) > 0
+        rows = [
+            (
+                answer.status,
+                orjson.dumps(answer.headers).decode(),
+                answer.body,
+                answer.sha256,
+                int(answer.body is None),
+                *_key(reservation),
+            )
+            for reservation, answer in items
+        ]
+
+        def run(conn: sqlite3.Connection) -> list[bool | BaseException]:
+            with write_transaction(conn):
+                return [conn.execute(sql, row).rowcount > 0 for row in rows]
+
+        return await self._run(run, timeout=timeout)
 
     async def release(self, reservation: Reservation, *, timeout: float) -> bool:
         sql = f"DELETE FROM idempotency_keys WHERE {_OWNED}"
