@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
+DEFAULT_FENCE_TTL_SECONDS = 30 * 24 * 3600.0  # fences outlive keys: a late worker may wake up
+
 
 class StoreUnavailable(Exception):
     """The store did not answer in time or could not be reached: the gateway fails closed."""
@@ -114,7 +116,11 @@ class GatewayStore(Protocol):
     ) -> bool: ...
 
     async def purge(
-        self, *, fence_ttl_seconds: float, batch_size: int = 1000, timeout: float
+        self,
+        *,
+        fence_ttl_seconds: float = DEFAULT_FENCE_TTL_SECONDS,
+        batch_size: int = 1000,
+        timeout: float,
     ) -> PurgeCounts: ...
 
     async def ping(self, *, timeout: float) -> None: ...

@@ -18,6 +18,7 @@ import asyncpg
 import orjson
 
 from fencegate.store.base import (
+    DEFAULT_FENCE_TTL_SECONDS,
     DecideRequest,
     Decision,
     Outcome,
@@ -282,7 +283,11 @@ class PostgresGatewayStore:
         return row is not None
 
     async def purge(
-        self, *, fence_ttl_seconds: float, batch_size: int = 1000, timeout: float
+        self,
+        *,
+        fence_ttl_seconds: float = DEFAULT_FENCE_TTL_SECONDS,
+        batch_size: int = 1000,
+        timeout: float,
     ) -> PurgeCounts:
         """Delete in batches so that no single statement holds many row locks for long;
         `timeout` bounds each batch."""

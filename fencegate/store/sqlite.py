@@ -17,6 +17,7 @@ import orjson
 
 from fencegate.sqlite_db import SQLITE_NOW, SQLiteDatabase, write_transaction
 from fencegate.store.base import (
+    DEFAULT_FENCE_TTL_SECONDS,
     DecideRequest,
     Decision,
     Outcome,
@@ -256,7 +257,11 @@ class SQLiteGatewayStore:
         )
 
     async def purge(
-        self, *, fence_ttl_seconds: float, batch_size: int = 1000, timeout: float
+        self,
+        *,
+        fence_ttl_seconds: float = DEFAULT_FENCE_TTL_SECONDS,
+        batch_size: int = 1000,
+        timeout: float,
     ) -> PurgeCounts:
         """Delete in batches so that other processes get the write lock in between;
         `timeout` bounds each batch."""
