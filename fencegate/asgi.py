@@ -67,12 +67,16 @@ _FRAMING = frozenset({"content-length", "transfer-encoding", "connection", "keep
 
 
 async def send_response(send: Send, response: GatewayResponse) -> None:
-    # The body is whole, so its length is known: framing headers are always recomputed.
-    headers = [
-        (k.lower().encode("latin-1"), v.encode("latin-1"))
-        for k, v in response.headers
-        if k.lower() not in _FRAMING
-    ]
-    headers.append((b"content-length", str(len(response.body)).encode()))
+    # The body is whole, so its length is known: framing headers are recomputed, except a
+    # Content-Length given with no body (a HEAD answer describes the GET's body).
+    headers = []
+    length: bytes | None = None
+    for k, v in response.headers:
+        name = k.lower()
+        if name == "content-length" and not response.body:
+            length = v.encode("latin-1")
+        elif name not in _FRAMING:
+            headers.append((name.encode("latin-1"), v.encode("latin-1")))
+    headers.append((b"content-length", length or str(len(response.body)).encode()))
     await send({"type": "http.response.start", "status": response.status, "headers": headers})
     await send({"type": "http.response.body", "body": response.body})

@@ -30,13 +30,14 @@ class Route(BaseModel):
     key_required: bool = True
     fence_required: bool = False
     entity: str = "header"
-    timeout: float = Field(default=30.0, gt=0)
+    # None: the gateway-wide setting (upstream_timeout, max_body_bytes, key_ttl_seconds)
+    timeout: float | None = Field(default=None, gt=0)
     stored_statuses: list[int] | None = None
     store_5xx: bool = False
     on_unknown: Literal["retry", "reject"] = "retry"
-    max_body_bytes: int = Field(default=10 * 1024 * 1024, gt=0)
+    max_body_bytes: int | None = Field(default=None, gt=0)
     max_stored_body_bytes: int = Field(default=1024 * 1024, ge=0)
-    key_ttl_seconds: float = Field(default=DAY, gt=0)
+    key_ttl_seconds: float | None = Field(default=None, gt=0)
 
     @field_validator("prefix")
     @classmethod
@@ -75,23 +76,23 @@ class Route(BaseModel):
                 raise ValueError(f"{status} is not an HTTP status")
         return value
 
-    def policy(self, *, default_upstream: str | None) -> RoutePolicy:
+    def policy(self, settings: GatewaySettings) -> RoutePolicy:
         return RoutePolicy(
             prefix=self.prefix,
-            upstream=(self.upstream or default_upstream or "").rstrip("/") or None,
+            upstream=(self.upstream or settings.upstream or "").rstrip("/") or None,
             key_methods=frozenset(self.methods),
             key_required=self.key_required,
             fence_required=self.fence_required,
             entity=EntityRule(self.entity),
-            timeout=self.timeout,
+            timeout=self.timeout or settings.upstream_timeout,
             stored_statuses=frozenset(self.stored_statuses)
             if self.stored_statuses is not None
             else None,
             store_5xx=self.store_5xx,
             on_unknown=self.on_unknown,
-            max_body_bytes=self.max_body_bytes,
+            max_body_bytes=self.max_body_bytes or settings.max_body_bytes,
             max_stored_body_bytes=self.max_stored_body_bytes,
-            key_ttl_seconds=self.key_ttl_seconds,
+            key_ttl_seconds=self.key_ttl_seconds or settings.key_ttl_seconds,
         )
 
 
@@ -146,16 +147,11 @@ class GatewayConfig(BaseModel):
     keys_table: dict[str, Any] | list[Any] | None = None
 
     def policies(self) -> list[RoutePolicy]:
-        return [r.policy(default_upstream=self.settings.upstream) for r in self.routes]
+        return [r.policy(self.settings) for r in self.routes]
 
     def default_policy(self) -> RoutePolicy:
         """The policy for paths under no configured route."""
-        base = Route(
-            timeout=self.settings.upstream_timeout,
-            max_body_bytes=self.settings.max_body_bytes,
-            key_ttl_seconds=self.settings.key_ttl_seconds,
-        )
-        return base.policy(default_upstream=self.settings.upstream)
+        return Route().policy(self.settings)
 
     def base_dir(self) -> Path | None:
         """Relative paths in the config file are relative to the file."""

@@ -35,6 +35,7 @@ logger = logging.getLogger("fencegate.gateway")
 _NOT_FORWARDED = HOP_BY_HOP | {"host", "content-length", "expect"}
 # Not relayed back: per-hop; the body is whole so its length is recomputed on sending.
 _NOT_RELAYED = HOP_BY_HOP | {"content-length"}
+_NOT_RELAYED_HEAD = HOP_BY_HOP
 
 # Below the keep-alive timeout of common servers (uvicorn: 5 s), so that a request is never
 # written on a pooled connection the upstream is closing: that would be an unknown outcome.
@@ -71,21 +72,14 @@ class UpstreamClient:
         if session is None:
             raise RuntimeError("the upstream client is not started")
         upstream = policy.upstream
-        if upstream is None:
-            raise Problem(
-                502, "no-upstream", "No upstream", f"no upstream is configured for {request.path}"
-            )
-        target = urlsplit(upstream)
         query = f"?{request.query_string}" if request.query_string else ""
         url = f"{upstream}{request.path}{query}"
-        headers: list[tuple[str, str]] = [
-            (k, v) for k, v in request.headers if k not in _NOT_FORWARDED
-        ]
-        headers.append(("host", target.netloc))
-        headers.append(("x-forwarded-host", request.authority))
-        headers.append(("x-forwarded-proto", request.scheme))
+        headers = forwarded_headers(request, upstream or "")
+        head = request.method == "HEAD"
 
         async def forward(timeout: float) -> UpstreamResponse:
+            if upstream is None:
+                raise UpstreamRefused(f"no upstream is configured for {policy.prefix}")
             client_timeout = aiohttp.ClientTimeout(
                 total=timeout, sock_connect=min(timeout, CONNECT_TIMEOUT)
             )
@@ -93,16 +87,18 @@ class UpstreamClient:
                 async with session.request(
                     request.method,
                     url,
-                    headers=CIMultiDict(headers),
+                    headers=headers,
                     data=request.body if request.body else None,
                     timeout=client_timeout,
                     allow_redirects=False,
                 ) as response:
                     body = await response.read()
+                    # A HEAD answer's Content-Length describes the body a GET would get.
+                    dropped = _NOT_RELAYED_HEAD if head else _NOT_RELAYED
                     relayed = [
-                        (k.decode("latin-1"), v.decode("latin-1"))
+                        (name, v.decode("latin-1"))
                         for k, v in response.raw_headers
-                        if k.decode("latin-1").lower() not in _NOT_RELAYED
+                        if (name := k.decode("latin-1")).lower() not in dropped
                     ]
                     return UpstreamResponse(response.status, relayed, body)
             except (aiohttp.ConnectionTimeoutError, aiohttp.ClientConnectorError) as exc:
@@ -112,6 +108,23 @@ class UpstreamClient:
                 raise UpstreamOutcomeUnknown(str(detail) or type(exc).__name__) from exc
 
         return forward
+
+
+def forwarded_headers(request: IncomingRequest, upstream: str) -> CIMultiDict[str]:
+    """The request's headers as the upstream should see them: per-hop ones removed
+    (including those the Connection header names), Host set to the upstream's."""
+    named = {
+        token.strip().lower()
+        for value in request.header_values("connection")
+        for token in value.split(",")
+    }
+    headers: CIMultiDict[str] = CIMultiDict(
+        (k, v) for k, v in request.headers if k not in _NOT_FORWARDED and k not in named
+    )
+    headers["host"] = urlsplit(upstream).netloc
+    headers["x-forwarded-host"] = request.authority
+    headers["x-forwarded-proto"] = request.scheme
+    return headers
 
 
 class ReverseProxy:

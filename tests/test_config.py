@@ -126,3 +126,18 @@ def test_serve_needs_an_upstream(tmp_path: Path) -> None:
     )  # fmt: skip
     assert result.returncode == 2
     assert "no upstream" in result.stderr
+
+
+def test_routes_inherit_the_gateway_wide_limits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FENCEGATE_UPSTREAM_TIMEOUT", "7")
+    monkeypatch.setenv("FENCEGATE_KEY_TTL_SECONDS", "600")
+    path = write(tmp_path, '[[routes]]\nprefix = "/a"\n[[routes]]\nprefix = "/b"\ntimeout = 2\n')
+    config = load_config({"config": path, "upstream": "http://127.0.0.1:9000",
+                          "max_body_bytes": 1000})  # fmt: skip
+    a, b = config.policies()
+    default = config.default_policy()
+    assert (a.timeout, a.key_ttl_seconds, a.max_body_bytes) == (7.0, 600.0, 1000)
+    assert b.timeout == 2.0
+    assert (default.timeout, default.max_body_bytes, default.prefix) == (7.0, 1000, "/")

@@ -115,3 +115,19 @@ def test_timeout_is_504_then_rejected_and_big_answers_replay_as_problem(
     assert big_again.status_code == 410
     assert big_again.json()["original_status"] == 200
     assert upstream.count("b-1") == 1
+
+
+def test_per_hop_headers_stay_behind_and_head_keeps_its_length(
+    upstream: UpstreamProcess, tmp_path: Path
+) -> None:
+    with GatewayProcess(upstream=upstream.url, workdir=tmp_path) as gateway:
+        with httpx.Client(base_url=gateway.url, timeout=30) as client:
+            got = client.get("/doc", headers={"Connection": "x-secret-hop", "X-Secret-Hop": "1",
+                                              "X-Kept": "yes"})  # fmt: skip
+            head = client.head("/doc")
+    seen = dict(got.json()["headers"])
+    assert seen["x-kept"] == "yes"
+    assert "x-secret-hop" not in seen and "connection" not in seen
+    assert seen["x-forwarded-host"] == gateway.url.removeprefix("http://")
+    assert head.status_code == 200 and head.content == b""
+    assert int(head.headers["content-length"]) > 0
