@@ -72,12 +72,19 @@ def build_config(overrides: dict[str, Any]) -> GatewayConfig:
     return config
 
 
+def configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+
+
 def create_app_from_environment() -> Any:
     """Factory for worker processes (``--workers N``): each rebuilds the same config."""
     from fencegate.app import GatewayApplication
 
     overrides = orjson.loads(os.environ.get(OVERRIDES_ENV, "{}"))
     config = build_config(overrides)
+    configure_logging(config.settings.log_level)
     return GatewayApplication(
         config, authenticator=check_authenticator(config), authenticator_loaded=True
     )
@@ -102,10 +109,7 @@ def run(args: argparse.Namespace) -> int:
     overrides = overrides_from(args)
     config = build_config(overrides)
     settings = config.settings
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging(settings.log_level)
     authenticator = check_authenticator(config)
     common: dict[str, Any] = {
         "host": settings.host,
