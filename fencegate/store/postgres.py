@@ -31,33 +31,15 @@ from fencegate.store.batching import Batcher
 
 T = TypeVar("T")
 
-_DECIDE_MANY = """
-SELECT * FROM fencegate_decide_many(
-    $1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6, $7,
-    $8::double precision[], $9::boolean[])
-"""
+# A decision to make, or an answer to record for a reservation.
+_Step = DecideRequest | tuple[Reservation, StoredResponse]
 
-# Rows are locked in key order, as decisions lock them, so that the two never deadlock.
-_COMPLETE_MANY = """
-WITH answer AS (
-    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::integer[], $5::integer[],
-                         $6::text[], $7::bytea[], $8::text[], $9::boolean[])
-        AS a(tenant, key, owner, attempt, status, headers, body, sha256, too_large)
-), held AS (
-    SELECT k.tenant, k.key FROM idempotency_keys k
-    JOIN answer a ON k.tenant = a.tenant AND k.key = a.key AND k.owner = a.owner
-        AND k.attempt = a.attempt
-    WHERE k.state = 'in_flight'
-    ORDER BY k.tenant, k.key
-    FOR UPDATE OF k
-)
-UPDATE idempotency_keys k
-SET state = 'completed', response_status = a.status, response_headers = a.headers::jsonb,
-    response_body = a.body, response_sha256 = a.sha256, body_too_large = a.too_large,
-    completed_at = now(), locked_until = NULL
-FROM held, answer a
-WHERE k.tenant = held.tenant AND k.key = held.key AND a.tenant = k.tenant AND a.key = k.key
-RETURNING k.tenant, k.key
+_STEP = """
+SELECT * FROM fencegate_step(
+    $1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::text[],
+    $7::double precision[], $8::double precision[], $9::boolean[],
+    $10::text[], $11::text[], $12::text[], $13::integer[], $14::integer[], $15::text[],
+    $16::bytea[], $17::text[], $18::boolean[])
 """
 
 _RELEASE = """
@@ -150,10 +132,7 @@ def _affected(status: str) -> bool:
 class PostgresGatewayStore:
     def __init__(self, pool: asyncpg.Pool) -> None:
         self._pool = pool
-        self._deciders: dict[tuple[str, float], Batcher[DecideRequest, Decision]] = {}
-        self._completer: Batcher[tuple[Reservation, StoredResponse], bool] = Batcher(
-            self._complete_many
-        )
+        self._steps: Batcher[_Step, Decision | bool] = Batcher(self._step)
 
     @classmethod
     async def connect(
@@ -195,35 +174,9 @@ class PostgresGatewayStore:
                 await self._pool.release(conn, timeout=max(_left(deadline), 0.1))
 
     async def decide(self, request: DecideRequest, *, timeout: float) -> Decision:
-        group = (request.owner, request.lease_seconds)
-        batcher = self._deciders.get(group)
-        if batcher is None:
-            batcher = self._deciders[group] = Batcher(self._decide_many)
-        return await batcher.submit(request, timeout=timeout)
-
-    async def _decide_many(self, requests: list[DecideRequest], timeout: float) -> list[Decision]:
-        first = requests[0]
-        rows = await self._run(
-            lambda conn: conn.fetch(
-                _DECIDE_MANY,
-                [r.tenant for r in requests],
-                [r.key for r in requests],
-                [r.fingerprint for r in requests],
-                [r.entity for r in requests],
-                [r.fence for r in requests],
-                first.owner,
-                float(first.lease_seconds),
-                [float(r.ttl_seconds) for r in requests],
-                [r.retry_unknown for r in requests],
-            ),
-            timeout=timeout,
-        )
-        decisions: list[Decision | None] = [None] * len(requests)
-        for row in rows:
-            decisions[row["d_index"] - 1] = _decision(row)
-        if any(d is None for d in decisions):
-            raise StoreUnavailable("the store answered a batch of decisions incompletely")
-        return decisions  # type: ignore[return-value]
+        result = await self._steps.submit(request, timeout=timeout)
+        assert isinstance(result, Decision)
+        return result
 
     async def complete(
         self,
@@ -232,28 +185,58 @@ class PostgresGatewayStore:
         *,
         timeout: float,
     ) -> bool:
-        return await self._completer.submit((reservation, response), timeout=timeout)
+        result = await self._steps.submit((reservation, response), timeout=timeout)
+        assert isinstance(result, bool)
+        return result
 
-    async def _complete_many(
-        self, items: list[tuple[Reservation, StoredResponse]], timeout: float
-    ) -> list[bool]:
+    async def _step(self, items: list[_Step], timeout: float) -> list[Decision | bool]:
+        """One round trip for every decision and recorded answer that queued up."""
+        decides = [item for item in items if isinstance(item, DecideRequest)]
+        records = [item for item in items if not isinstance(item, DecideRequest)]
         rows = await self._run(
             lambda conn: conn.fetch(
-                _COMPLETE_MANY,
-                [r.tenant for r, _ in items],
-                [r.key for r, _ in items],
-                [r.owner for r, _ in items],
-                [r.attempt for r, _ in items],
-                [a.status for _, a in items],
-                [orjson.dumps(a.headers).decode() for _, a in items],
-                [a.body for _, a in items],
-                [a.sha256 for _, a in items],
-                [a.body is None for _, a in items],
+                _STEP,
+                [r.tenant for r in decides],
+                [r.key for r in decides],
+                [r.fingerprint for r in decides],
+                [r.entity for r in decides],
+                [r.fence for r in decides],
+                [r.owner for r in decides],
+                [float(r.lease_seconds) for r in decides],
+                [float(r.ttl_seconds) for r in decides],
+                [r.retry_unknown for r in decides],
+                [r.tenant for r, _ in records],
+                [r.key for r, _ in records],
+                [r.owner for r, _ in records],
+                [r.attempt for r, _ in records],
+                [a.status for _, a in records],
+                [orjson.dumps(a.headers).decode() for _, a in records],
+                [a.body for _, a in records],
+                [a.sha256 for _, a in records],
+                [a.body is None for _, a in records],
             ),
             timeout=timeout,
         )
-        done = {(row["tenant"], row["key"]) for row in rows}
-        return [(r.tenant, r.key) in done for r, _ in items]
+        decisions: dict[int, Decision] = {}
+        recorded: dict[int, bool] = {}
+        for row in rows:
+            index = row["d_index"]
+            if index > 0:
+                decisions[index - 1] = _decision(row)
+            else:
+                recorded[-index - 1] = row["d_outcome"] == "completed"
+        if len(decisions) != len(decides) or len(recorded) != len(records):
+            raise StoreUnavailable("the store answered a batch incompletely")
+        results: list[Decision | bool] = []
+        next_decide = next_record = 0
+        for item in items:
+            if isinstance(item, DecideRequest):
+                results.append(decisions[next_decide])
+                next_decide += 1
+            else:
+                results.append(recorded[next_record])
+                next_record += 1
+        return results
 
     async def _conditional(self, sql: str, r: Reservation, *extra: Any, timeout: float) -> bool:
         status = await self._run(

@@ -197,22 +197,33 @@ BEGIN
 END;
 $$;
 
--- Steps 3 and 4 for a batch of requests, in one transaction and one round trip (the
--- gateway sends together the decisions that arrive while its previous ones run).
--- d_index is the request's position in the arrays.
--- d_outcome: stale | fence_only, or one of fencegate_decide_key's.
+-- One round trip of a gateway: the decisions (steps 3 and 4) and the recorded answers
+-- (step 6) that queued up while its previous round trip ran, in one transaction.
+-- Decision i answers with d_index = i, recorded answer i with d_index = -i
+-- (d_outcome 'completed', or 'not_held' when the reservation is no longer the caller's).
+-- Decision outcomes: stale | fence_only, or one of fencegate_decide_key's.
 -- Every fence row is locked before any key row, each kind in sorted order, as in a single
--- decision: concurrent batches take their locks in one global order and cannot deadlock.
-CREATE FUNCTION fencegate_decide_many(
+-- decision: concurrent round trips take their locks in one global order and cannot
+-- deadlock.
+CREATE FUNCTION fencegate_step(
     p_tenants text[],
     p_keys text[],
     p_fingerprints text[],
     p_entities text[],
     p_fences bigint[],
-    p_owner text,
-    p_lease_seconds double precision,
+    p_owners text[],
+    p_lease_seconds double precision[],
     p_ttl_seconds double precision[],
-    p_retry_unknown boolean[]
+    p_retry_unknown boolean[],
+    c_tenants text[],
+    c_keys text[],
+    c_owners text[],
+    c_attempts integer[],
+    c_statuses integer[],
+    c_headers text[],
+    c_bodies bytea[],
+    c_sha256 text[],
+    c_too_large boolean[]
 ) RETURNS TABLE (
     d_index integer,
     d_outcome text,
@@ -230,6 +241,7 @@ DECLARE
     v_stale boolean[] := array_fill(false, ARRAY[n]);
     v_last bigint[] := array_fill(NULL::bigint, ARRAY[n]);
     v_fence record;
+    v_step record;
     i integer;
 BEGIN
     FOR i IN
@@ -242,11 +254,30 @@ BEGIN
         v_stale[i] := NOT v_fence.accepted;
     END LOOP;
 
-    FOR i IN
-        SELECT o.i FROM generate_subscripts(p_tenants, 1) AS o(i)
-        ORDER BY p_keys[o.i] IS NULL, p_tenants[o.i], p_keys[o.i], o.i
+    FOR v_step IN
+        SELECT * FROM (
+            SELECT false AS record, o.i, p_tenants[o.i] AS tenant, p_keys[o.i] AS key
+            FROM generate_subscripts(p_tenants, 1) AS o(i)
+            UNION ALL
+            SELECT true, o.i, c_tenants[o.i], c_keys[o.i]
+            FROM generate_subscripts(c_tenants, 1) AS o(i)
+        ) AS steps
+        -- An answer is recorded before a decision on the same key sees it.
+        ORDER BY steps.key IS NULL, steps.tenant, steps.key, steps.record DESC, steps.i
     LOOP
-        IF v_stale[i] THEN
+        i := v_step.i;
+        IF v_step.record THEN
+            UPDATE idempotency_keys k
+            SET state = 'completed', response_status = c_statuses[i],
+                response_headers = c_headers[i]::jsonb, response_body = c_bodies[i],
+                response_sha256 = c_sha256[i], body_too_large = c_too_large[i],
+                completed_at = now(), locked_until = NULL
+            WHERE k.tenant = c_tenants[i] AND k.key = c_keys[i] AND k.owner = c_owners[i]
+                AND k.attempt = c_attempts[i] AND k.state = 'in_flight';
+            RETURN QUERY SELECT -i, (CASE WHEN FOUND THEN 'completed' ELSE 'not_held' END)::text,
+                NULL::bigint, NULL::integer, NULL::double precision, NULL::integer, NULL::text,
+                NULL::bytea, NULL::text, NULL::boolean;
+        ELSIF v_stale[i] THEN
             RETURN QUERY SELECT i, 'stale'::text, v_last[i], NULL::integer,
                 NULL::double precision, NULL::integer, NULL::text, NULL::bytea, NULL::text,
                 NULL::boolean;
@@ -260,13 +291,13 @@ BEGIN
                 d.d_response_sha256, d.d_body_too_large
             FROM fencegate_decide_key(
                 p_tenants[i], p_keys[i], p_fingerprints[i], p_entities[i], p_fences[i],
-                p_owner, p_lease_seconds, p_ttl_seconds[i], p_retry_unknown[i]) AS d;
+                p_owners[i], p_lease_seconds[i], p_ttl_seconds[i], p_retry_unknown[i]) AS d;
         END IF;
     END LOOP;
 END;
 $$;
 
--- One decision (for operators and scripts; the gateway calls fencegate_decide_many).
+-- One decision (for operators and scripts; the gateway calls fencegate_step).
 CREATE FUNCTION fencegate_decide(
     p_tenant text,
     p_key text,
@@ -289,7 +320,8 @@ CREATE FUNCTION fencegate_decide(
     d_response_sha256 text,
     d_body_too_large boolean
 ) LANGUAGE sql AS $$
-    SELECT * FROM fencegate_decide_many(
+    SELECT * FROM fencegate_step(
         ARRAY[p_tenant], ARRAY[p_key], ARRAY[p_fingerprint], ARRAY[p_entity], ARRAY[p_fence],
-        p_owner, p_lease_seconds, ARRAY[p_ttl_seconds], ARRAY[p_retry_unknown]);
+        ARRAY[p_owner], ARRAY[p_lease_seconds], ARRAY[p_ttl_seconds], ARRAY[p_retry_unknown],
+        '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}');
 $$;
