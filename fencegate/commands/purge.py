@@ -22,7 +22,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--fence-ttl-seconds",
         type=float,
-        default=float(os.environ.get("FENCEGATE_FENCE_TTL_SECONDS", 30 * DAY)),
+        # A string default goes through `type`, so a bad value is a usage error here.
+        default=os.environ.get("FENCEGATE_FENCE_TTL_SECONDS", str(30 * DAY)),
         help="delete fences not updated for this long (default 30 days; "
         "env FENCEGATE_FENCE_TTL_SECONDS)",
     )
