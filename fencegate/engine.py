@@ -229,9 +229,9 @@ class Engine:
         try:
             answer = await self._timed_forward(forward, policy)
         except UpstreamRefused as exc:
-            raise upstream_unreachable(exc) from exc
+            raise upstream_unreachable(exc, released=False) from exc
         except UpstreamOutcomeUnknown as exc:
-            raise upstream_timeout(exc) from exc
+            raise upstream_timeout(exc, recorded=False) from exc
         return GatewayResponse(answer.status, answer.headers, answer.body, label)
 
     async def _execute(
@@ -241,15 +241,15 @@ class Engine:
         try:
             answer = await self._forward_holding(reservation, forward, policy)
         except UpstreamRefused as exc:
-            await self._record(
+            released = await self._record(
                 "release", self.store.release(reservation, timeout=self.store_timeout)
             )
-            raise upstream_unreachable(exc) from exc
+            raise upstream_unreachable(exc, released=released) from exc
         except UpstreamOutcomeUnknown as exc:
-            await self._record(
+            marked = await self._record(
                 "mark_unknown", self.store.mark_unknown(reservation, timeout=self.store_timeout)
             )
-            raise upstream_timeout(exc) from exc
+            raise upstream_timeout(exc, recorded=marked) from exc
         except Exception:
             # An in-process app that raised is a 500 that was not stored: a retry runs again.
             await self._record(
@@ -275,22 +275,23 @@ class Engine:
         )
         return GatewayResponse(answer.status, answer.headers, answer.body, "forwarded")
 
-    async def _record(self, operation: str, call: Awaitable[bool]) -> None:
+    async def _record(self, operation: str, call: Awaitable[bool]) -> bool:
         """Record an outcome. The upstream has already acted, so a failure here is logged
         and the answer still goes to the client; the reservation's lease then expires and a
         retry forwards again with the same key, for the upstream to deduplicate."""
         started = time.perf_counter()
         try:
-            if not await call:
-                logger.warning(
-                    "could not %s the reservation: its lease expired and another holder "
-                    "took it over",
-                    operation,
-                )
+            if await call:
+                return True
+            logger.warning(
+                "could not %s the reservation: its lease expired and another holder took it over",
+                operation,
+            )
         except StoreUnavailable as exc:
             logger.error("store unavailable, could not %s the reservation: %s", operation, exc)
         finally:
             self._store_latency(operation, started)
+        return False
 
     async def _forward_holding(
         self, reservation: Reservation, forward: Forward, policy: RoutePolicy
@@ -409,20 +410,24 @@ def store_unavailable() -> Problem:
     )
 
 
-def upstream_unreachable(exc: BaseException) -> Problem:
+def upstream_unreachable(exc: BaseException, *, released: bool) -> Problem:
+    # The cause names internal hosts: it goes to the log, not to the client.
+    logger.warning("upstream unreachable: %s", exc)
+    after = "; the key was released so that a retry runs again" if released else ""
     return Problem(
         502,
         "upstream-unreachable",
         "Upstream unreachable",
-        f"the upstream could not be reached, nothing was sent ({exc}); the key was released "
-        "so that a retry runs again",
+        f"the upstream could not be reached and nothing was sent{after}",
     )
 
 
-def upstream_timeout(exc: BaseException) -> Problem:
+def upstream_timeout(exc: BaseException, *, recorded: bool) -> Problem:
+    logger.warning("upstream outcome unknown: %s", exc)
+    after = "; the key is marked outcome unknown" if recorded else ""
     return Problem(
         504,
         "upstream-timeout",
         "Upstream outcome unknown",
-        f"the request was sent but no answer came back ({exc}); it may have run upstream",
+        f"the request was sent but no answer came back in time, so it may have run upstream{after}",
     )
