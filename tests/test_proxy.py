@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sqlite3
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -131,3 +133,22 @@ def test_per_hop_headers_stay_behind_and_head_keeps_its_length(
     assert seen["x-forwarded-host"] == gateway.url.removeprefix("http://")
     assert head.status_code == 200 and head.content == b""
     assert int(head.headers["content-length"]) > 0
+
+
+def test_expired_keys_are_purged_in_the_background(
+    upstream: UpstreamProcess, tmp_path: Path
+) -> None:
+    args = ["--key-ttl-seconds", "0.5", "--purge-interval-seconds", "0.5"]
+    with GatewayProcess(upstream=upstream.url, workdir=tmp_path, extra_args=args) as gateway:
+        with httpx.Client(base_url=gateway.url, timeout=30) as client:
+            assert client.post("/x", headers=keyed("short-lived")).status_code == 200
+        db = sqlite3.connect(tmp_path / "fencegate.db")
+        try:
+            deadline = time.monotonic() + 20
+            remaining = 1
+            while remaining and time.monotonic() < deadline:
+                time.sleep(0.2)
+                remaining = db.execute("SELECT count(*) FROM idempotency_keys").fetchone()[0]
+        finally:
+            db.close()
+    assert remaining == 0
