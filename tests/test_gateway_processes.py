@@ -428,3 +428,47 @@ async def test_upstream_5xx_is_relayed_and_released(
         retried = await post(client, gateway.url, key)
         assert is_forwarded(retried), retried.text
         assert await upstream.acount(key) == 2
+
+
+async def test_store_lost_while_forwarding_keeps_the_key_until_its_lease_runs_out(
+    pg_url: str, pg_relay: TcpRelay, upstream: UpstreamProcess, client: httpx.AsyncClient
+) -> None:
+    """The upstream acted but the answer could not be recorded: the key stays reserved (no
+    second execution while the lease lives), then a retry forwards again with the same key
+    for the upstream to deduplicate."""
+    lease = 8
+    with GatewayProcess(
+        upstream=upstream.url,
+        database_url=relayed(pg_url, pg_relay),
+        inflight_lease_seconds=lease,
+        env={"FENCEGATE_STORE_TIMEOUT": STORE_TIMEOUT},
+    ) as gateway:
+        key = new_key("store-lost-midway")
+        first = asyncio.create_task(
+            post(client, gateway.url, key, headers={"X-Upstream-Delay": "2"})
+        )
+        assert await upstream.await_count(key, 1, timeout=30) == 1
+        pg_relay.cut()
+        answer = await first
+        # The upstream's answer still reaches the caller.
+        assert is_forwarded(answer), answer.text
+        pg_relay.heal()
+        [row] = await key_rows(pg_url, key)
+        assert row["state"] == "in_flight" and row["live"], row
+
+        retried = await post(client, gateway.url, key)
+        [still] = await key_rows(pg_url, key)
+        assert still["live"], "the lease ran out before the retry; machine too slow?"
+        assert is_in_flight(retried), retried.text
+        assert await upstream.acount(key) == 1
+
+        again = await poll_until(
+            lambda: post(client, gateway.url, key),
+            lambda r: r.status_code != 409,
+            timeout=lease + 30,
+        )
+        assert is_forwarded(again), again.text
+        assert again.json()["key"] == key
+        assert await upstream.acount(key) == 2
+        replay = await post(client, gateway.url, key)
+        assert is_replay(replay) and replay.content == again.content
