@@ -253,6 +253,18 @@ async def test_complete_stores_the_result_once(queue: LeaseQueue) -> None:
     assert attempt.outcome == "succeeded" and attempt.ended_at is not None
 
 
+@pytest.mark.parametrize("value", [["a", "b"], [], [[1, 2], {"x": []}], "text", 0, None])
+async def test_any_json_value_round_trips_as_payload_and_result(
+    queue: LeaseQueue, value: Any
+) -> None:
+    job_id = await queue.enqueue("create_case", value, idempotency_key="json-shapes")
+    lease = await claim_one(queue, "w1")
+    assert lease.payload == value
+    assert await queue.complete(lease, value) is True
+    job = await queue.get(job_id)
+    assert (job.payload, job.result) == (value, value)
+
+
 async def test_complete_many_answers_per_lease(queue: LeaseQueue) -> None:
     await queue.enqueue_many([{"kind": "create_case", "payload": i} for i in range(3)])
     leases = await queue.claim("w1", limit=3)
@@ -434,3 +446,9 @@ async def test_wait_for_work_wakes_when_work_is_queued(queue: LeaseQueue) -> Non
 
 def _with(lease: Lease, **changes: Any) -> Lease:
     return replace(lease, **changes)
+
+
+async def test_queue_remembers_its_url_for_the_heartbeat_connection(
+    queue: LeaseQueue, store_url: str
+) -> None:
+    assert queue.url == store_url

@@ -81,7 +81,7 @@ _HELD = """id = $1 AND state = 'running' AND owner_id = $2 AND fencing_token = $
 ENQUEUE = """
 WITH input AS (
     SELECT *
-      FROM unnest($1::text[], $2::jsonb[], $3::text[], $4::int[], $5::float8[], $6::float8[],
+      FROM unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::float8[], $6::float8[],
                   $7::float8[], $8::float8[], $9::float8[], $10::float8[]) WITH ORDINALITY
            AS t(kind, payload, idempotency_key, max_attempts, lease_seconds, heartbeat_seconds,
                 jitter_seconds, stage_timeout_seconds, tool_timeout_seconds, run_after_seconds,
@@ -91,7 +91,7 @@ inserted AS (
     INSERT INTO fencegate_jobs (kind, payload, idempotency_key, max_attempts, lease_seconds,
                                 heartbeat_seconds, jitter_seconds, stage_timeout_seconds,
                                 tool_timeout_seconds, run_after)
-    SELECT kind, COALESCE(payload, 'null'::jsonb), idempotency_key, max_attempts,
+    SELECT kind, COALESCE(payload::jsonb, 'null'::jsonb), idempotency_key, max_attempts,
            lease_seconds, heartbeat_seconds,
            jitter_seconds, stage_timeout_seconds, tool_timeout_seconds,
            now() + make_interval(secs => run_after_seconds)
@@ -199,12 +199,12 @@ RETURNING j.id, j.fencing_token, j.lease_until
 
 COMPLETE_MANY = """
 WITH input AS (
-    SELECT * FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::jsonb[])
+    SELECT * FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::text[])
            AS t(id, owner_id, fencing_token, result)
 ),
 done AS (
     UPDATE fencegate_jobs AS j
-       SET state = 'succeeded', result = i.result, error = NULL, lease_until = NULL,
+       SET state = 'succeeded', result = i.result::jsonb, error = NULL, lease_until = NULL,
            updated_at = now()
       FROM input AS i
      WHERE j.id = ANY($1::bigint[]) AND j.id = i.id AND j.state = 'running'
@@ -550,7 +550,7 @@ class PostgresDriver:
     async def enqueue(self, jobs: Sequence[NewJob], *, timeout: float) -> list[int]:
         args = (
             [j.kind for j in jobs],
-            [j.payload for j in jobs],
+            [_dumps(j.payload) for j in jobs],
             [j.idempotency_key for j in jobs],
             [j.max_attempts for j in jobs],
             [j.lease_seconds for j in jobs],
@@ -626,7 +626,8 @@ class PostgresDriver:
                 [lease.job_id for lease, _ in items],
                 [lease.owner_id for lease, _ in items],
                 [lease.fencing_token for lease, _ in items],
-                [result for _, result in items],
+                # JSON text, not jsonb[]: asyncpg would read a list result as a nested array.
+                [_dumps(result) for _, result in items],
                 timeout=t,
             ),
             timeout=timeout,
