@@ -45,6 +45,9 @@ class LeaseQueue:
         self._driver = driver
         self._classes: dict[str, WorkClass] = {}
         self._rng = rng or random.Random()
+        # The URL this queue was opened with, so a Worker can open the heartbeat's own
+        # connection to the same store.
+        self.url: str | None = None
 
     @classmethod
     async def connect(
@@ -72,7 +75,9 @@ class LeaseQueue:
 
             assert target.sqlite_path is not None
             driver = await SQLiteDriver.connect(target.sqlite_path, timeout=timeout)
-        return cls(driver)
+        queue = cls(driver)
+        queue.url = target.url
+        return queue
 
     async def close(self) -> None:
         await self._driver.close()
