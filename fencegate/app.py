@@ -23,7 +23,10 @@ logger = logging.getLogger("fencegate.gateway")
 
 
 def load_authenticator(
-    spec: str | dict[str, Any] | list[Any] | None, *, base_dir: Path | None = None
+    spec: str | dict[str, Any] | list[Any] | None,
+    *,
+    base_dir: Path | None = None,
+    store_timeout: float = 2.0,
 ) -> Authenticator | None:
     """Step 1 is provided by `fencegate.signatures`, imported only when keys are
     configured, so a gateway without signatures never loads it."""
@@ -35,7 +38,7 @@ def load_authenticator(
         return None
     from fencegate import signatures
 
-    return signatures.load_authenticator(spec, base_dir=base_dir)
+    return signatures.load_authenticator(spec, base_dir=base_dir, store_timeout=store_timeout)
 
 
 class GatewayApplication:
@@ -72,7 +75,9 @@ class GatewayApplication:
         authenticator = self._authenticator
         if not self._authenticator_loaded:
             authenticator = load_authenticator(
-                self.config.authenticator_spec(), base_dir=self.config.base_dir()
+                self.config.authenticator_spec(),
+                base_dir=self.config.base_dir(),
+                store_timeout=settings.store_timeout,
             )
         self.store = await open_gateway_store(
             settings.database_url,
