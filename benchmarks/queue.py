@@ -44,10 +44,11 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
-from fencegate.lease import LeaseQueue
+from fencegate.lease import Lease, LeaseQueue
 
 DEFAULT_SERVER = "postgresql://postgres@127.0.0.1:5432/postgres"
 ROOT = Path(__file__).resolve().parents[1]
+PIPELINE = 2
 PHASE_LIMIT_SECONDS = 60.0
 
 
@@ -113,23 +114,29 @@ async def fencegate_throughput(
             done = 0
             deadline = time.monotonic() + PHASE_LIMIT_SECONDS
 
-            async def worker(name: str) -> None:
+            async def finish(leases: list[Lease]) -> None:
                 nonlocal done
+                # One extend per job, renewed together as a worker holding a batch does.
+                if heartbeat:
+                    renewed = await queue.extend_many(leases, timeout=30)
+                    leases = [lease for lease in renewed if lease is not None]
+                answers = await queue.complete_many(
+                    [(lease, None) for lease in leases], timeout=30
+                )
+                done += sum(answers)
+
+            async def worker(name: str) -> None:
+                # Like PgQueuer's buffered acknowledgements, a batch's heartbeat and commit run
+                # while the worker claims its next batch; at most PIPELINE batches are open.
+                pending: list[asyncio.Task[None]] = []
                 while time.monotonic() < deadline:
                     leases = await queue.claim(name, kinds=["noop"], limit=batch, timeout=30)
                     if not leases:
-                        return
-                    # One extend per job, renewed together as a worker holding a batch does.
-                    if heartbeat:
-                        leases = [
-                            lease
-                            for lease in await queue.extend_many(leases, timeout=30)
-                            if lease is not None
-                        ]
-                    answers = await queue.complete_many(
-                        [(lease, None) for lease in leases], timeout=30
-                    )
-                    done += sum(answers)
+                        break
+                    pending.append(asyncio.create_task(finish(leases)))
+                    if len(pending) >= PIPELINE:
+                        await pending.pop(0)
+                await asyncio.gather(*pending)
 
             profiler = cProfile.Profile() if profile else None
             started = time.perf_counter()
