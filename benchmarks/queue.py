@@ -120,9 +120,7 @@ async def fencegate_throughput(
                 if heartbeat:
                     renewed = await queue.extend_many(leases, timeout=30)
                     leases = [lease for lease in renewed if lease is not None]
-                answers = await queue.complete_many(
-                    [(lease, None) for lease in leases], timeout=30
-                )
+                answers = await queue.complete_many([(lease, None) for lease in leases], timeout=30)
                 done += sum(answers)
 
             async def worker(name: str) -> None:
