@@ -56,6 +56,11 @@ Tool = Callable[[JobContext], Coroutine[Any, Any, Any]] | Callable[[JobContext],
 
 logger = logging.getLogger("fencegate.worker")
 
+# How an attempt ends when this worker's own complete / fail / release lands.
+_SUCCEEDED = frozenset({"succeeded"})
+_FAILED = frozenset({"failed", "retry_scheduled"})
+_RELEASED = frozenset({"released"})
+
 _default_metrics: WorkerMetrics | None = None
 _default_metrics_lock = threading.Lock()
 
@@ -385,7 +390,9 @@ class Worker:
             return
         if isinstance(error, asyncio.CancelledError) and execution in self._shutting_down:
             released = await self._conditional(
-                execution, lambda t: self._q().release(execution.lease, timeout=t)
+                execution,
+                lambda t: self._q().release(execution.lease, timeout=t),
+                landed_as=_RELEASED,
             )
             job.emit("job_released", released=bool(released), duration_seconds=duration)
             self.metrics.outcomes.labels(kind, "released").inc()
@@ -416,7 +423,9 @@ class Worker:
     async def _complete(self, job: JobContext, result: Any, duration: float) -> None:
         execution = job.execution
         committed = await self._conditional(
-            execution, lambda t: self._q().complete(execution.lease, result, timeout=t)
+            execution,
+            lambda t: self._q().complete(execution.lease, result, timeout=t),
+            landed_as=_SUCCEEDED,
         )
         if committed:
             job.emit("result_committed", result_sha256=digest(result), duration_seconds=duration)
@@ -438,6 +447,7 @@ class Worker:
         accepted = await self._conditional(
             execution,
             lambda t: self._q().fail(execution.lease, record, permanent=permanent, timeout=t),
+            landed_as=_FAILED,
         )
         if not accepted:
             job.emit(
@@ -465,7 +475,11 @@ class Worker:
             self.metrics.outcomes.labels(job.kind, "retry").inc()
 
     async def _conditional(
-        self, execution: Execution, call: Callable[[float], Awaitable[bool]]
+        self,
+        execution: Execution,
+        call: Callable[[float], Awaitable[bool]],
+        *,
+        landed_as: frozenset[str],
     ) -> bool | None:
         """Run a conditional write (complete/fail/release). True/False as the store answers;
         None when the store could not be reached before the lease ran out locally."""
@@ -484,15 +498,16 @@ class Worker:
             if accepted or tries == 1:
                 return bool(accepted)
             # An earlier try may have landed although its answer was lost.
-            return await self._landed(execution)
+            return await self._landed(execution, landed_as)
 
-    async def _landed(self, execution: Execution) -> bool:
+    async def _landed(self, execution: Execution, outcomes: frozenset[str]) -> bool:
+        # The attempt's own record says how it ended: a job cancelled, or failed by an
+        # expired lease, in the meantime still carries this token but was not ended by us.
         with contextlib.suppress(Exception):
-            job = await self._q().get(execution.job_id, timeout=self.store_timeout)
-            return bool(
-                job.fencing_token == execution.fencing_token
-                and job.state != "running"
-                and job.owner_id in (None, execution.lease.owner_id)
+            history = await self._q().attempts(execution.job_id, timeout=self.store_timeout)
+            return any(
+                attempt.fencing_token == execution.fencing_token and attempt.outcome in outcomes
+                for attempt in history
             )
         return False
 

@@ -15,6 +15,7 @@ from fencegate.lease import LeaseQueue, StoreUnavailable, WorkClass
 from fencegate.lease.events import EventLog, digest
 from fencegate.lease.job import JobContext
 from fencegate.lease.metrics import WorkerMetrics
+from fencegate.lease.testing import PartitionedStore, PartitionSwitch
 from fencegate.lease.worker import PermanentError, Worker
 from tests.lease.worker_helpers import SHORT, names, running, wait_for_state, wait_until
 from tests.support.upstream import UpstreamProcess
@@ -29,12 +30,12 @@ async def queue(store_url: str) -> AsyncIterator[LeaseQueue]:
         await q.close()
 
 
-def make_worker(store_url: str, tools: dict[str, Any], **options: Any) -> Worker:
+def make_worker(store: Any, tools: dict[str, Any], **options: Any) -> Worker:
     options.setdefault("events", EventLog())
     options.setdefault("metrics", WorkerMetrics(registry=CollectorRegistry()))
     options.setdefault("worker_id", "w1")
     options.setdefault("grace_seconds", 5.0)
-    return Worker(store_url, tools=tools, **options)
+    return Worker(store, tools=tools, **options)
 
 
 async def test_runs_jobs_and_commits_results(store_url: str, queue: LeaseQueue) -> None:
@@ -168,6 +169,53 @@ async def test_cancel_stops_a_running_job(store_url: str, queue: LeaseQueue) -> 
     [lost] = worker.events.named("heartbeat_lost")
     assert (lost["reason"], lost["job_state"]) == ("zero_rows", "cancelled")
     assert worker.events.named("result_committed") == []
+
+
+async def test_a_commit_retried_after_an_outage_is_rejected_if_the_job_was_cancelled(
+    store_url: str, queue: LeaseQueue
+) -> None:
+    switch = PartitionSwitch()
+
+    async def answer(job: JobContext) -> dict[str, int]:
+        switch.partition()  # the store stops answering just as the result is ready
+        return {"answer": 42}
+
+    async def cancel_while_the_commit_hangs() -> None:
+        await wait_until(lambda: switch.blocked_calls >= 1, what="the commit blocked")
+        assert await queue.cancel(job_id, reason="operator: customer withdrew")
+        switch.heal()
+
+    job_id = await queue.enqueue(
+        "answer",
+        {},
+        idempotency_key="answer:1",
+        lease_seconds=30.0,
+        heartbeat_seconds=10.0,
+        jitter_seconds=5.0,
+    )
+    worker_queue = await LeaseQueue.connect(store_url)
+    try:
+        # concurrency=1: the first call that meets the partition is the commit itself.
+        worker = make_worker(
+            PartitionedStore(worker_queue, switch),
+            {"answer": answer},
+            concurrency=1,
+            store_timeout=1.0,
+        )
+        async with running(worker):
+            await asyncio.wait_for(cancel_while_the_commit_hangs(), 30)
+            await wait_until(
+                lambda: names(worker.events.for_job(job_id))[-1].startswith("result_"),
+                what="an outcome",
+            )
+    finally:
+        await worker_queue.close()
+    assert (await queue.get(job_id)).state == "cancelled"
+    # The retried commit found zero rows; a job that ended some other way under the same
+    # token must not be taken for an earlier try that landed.
+    assert worker.events.named("result_committed") == []
+    [rejected] = worker.events.named("result_rejected")
+    assert (rejected["reason"], rejected["result_sha256"]) == ("zero_rows", digest({"answer": 42}))
 
 
 async def test_stages_run_once_per_job_across_attempts(store_url: str, queue: LeaseQueue) -> None:
