@@ -7,10 +7,8 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
-import pytest
 from prometheus_client import CollectorRegistry
 
 from fencegate.lease import Lease, LeaseQueue
@@ -20,17 +18,14 @@ from fencegate.lease.heartbeat import HeartbeatController
 from fencegate.lease.job import JobContext
 from fencegate.lease.metrics import WorkerMetrics
 from fencegate.lease.testing import PartitionedStore, PartitionSwitch
-from fencegate.lease.worker import Worker
-from tests.lease.worker_helpers import names, running, wait_for_state, wait_until
-
-
-@pytest.fixture
-async def queue(store_url: str) -> AsyncIterator[LeaseQueue]:
-    q = await LeaseQueue.connect(store_url)
-    try:
-        yield q
-    finally:
-        await q.close()
+from tests.lease.worker_helpers import (
+    make_worker,
+    names,
+    partitioned_heartbeat,
+    running,
+    wait_for_state,
+    wait_until,
+)
 
 
 def claimer_thread(
@@ -77,14 +72,8 @@ async def test_a_tool_blocking_its_event_loop_keeps_its_lease(
         jitter_seconds=0.5,
     )
     stop, won = threading.Event(), []
-    events = EventLog()
-    worker = Worker(
-        store_url,
-        tools={"blocking": blocking},
-        worker_id="w1",
-        events=events,
-        metrics=WorkerMetrics(registry=CollectorRegistry()),
-    )
+    worker = make_worker(store_url, {"blocking": blocking})
+    events = worker.events
     rival = claimer_thread(store_url, "blocking", stop, won)
     try:
         async with running(worker):
@@ -171,19 +160,13 @@ async def test_unknown_ownership_refuses_actions_until_a_renewal_succeeds(
         jitter_seconds=1,
     )
 
-    async def heartbeat_store() -> PartitionedStore:
-        return PartitionedStore(await LeaseQueue.connect(store_url), switch)
-
-    events = EventLog()
-    worker = Worker(
+    worker = make_worker(
         store_url,
-        tools={"careful": careful},
-        worker_id="w1",
-        events=events,
-        metrics=WorkerMetrics(registry=CollectorRegistry()),
-        heartbeat_store=heartbeat_store,
+        {"careful": careful},
+        heartbeat_store=partitioned_heartbeat(store_url, switch),
         ownership_margin_seconds=0.5,
     )
+    events = worker.events
     async with running(worker):
         await wait_until(lambda: events.named("job_claimed"), what="claim")
         switch.partition()
@@ -220,19 +203,12 @@ async def test_partitioned_worker_gives_up_and_a_new_owner_takes_over(
         jitter_seconds=0.5,
     )
     w1_queue = await LeaseQueue.connect(store_url)
-
-    async def heartbeat_store() -> PartitionedStore:
-        return PartitionedStore(await LeaseQueue.connect(store_url), switch)
-
-    events = EventLog()
-    worker = Worker(
+    worker = make_worker(
         PartitionedStore(w1_queue, switch),
-        tools={"long": long_call},
-        worker_id="w1",
-        events=events,
-        metrics=WorkerMetrics(registry=CollectorRegistry()),
-        heartbeat_store=heartbeat_store,
+        {"long": long_call},
+        heartbeat_store=partitioned_heartbeat(store_url, switch),
     )
+    events = worker.events
     try:
         async with running(worker):
             await wait_until(lambda: events.named("job_claimed"), what="claim")
@@ -285,14 +261,8 @@ async def test_a_tool_stuck_past_its_timeout_is_not_kept_alive(
         tool_timeout_seconds=0.5,
     )
     stop, won = threading.Event(), []
-    events = EventLog()
-    worker = Worker(
-        store_url,
-        tools={"stuck": stuck},
-        worker_id="w1",
-        events=events,
-        metrics=WorkerMetrics(registry=CollectorRegistry()),
-    )
+    worker = make_worker(store_url, {"stuck": stuck})
+    events = worker.events
     rival = claimer_thread(store_url, "stuck", stop, won)
     try:
         async with running(worker):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -21,15 +20,6 @@ from fencegate.lease import (
 
 # Short intervals that still keep the rule: 1.0 > 1 x 0.25 + 0.5.
 SHORT: dict[str, Any] = {"lease_seconds": 1.0, "heartbeat_seconds": 0.25, "jitter_seconds": 0.5}
-
-
-@pytest.fixture
-async def queue(store_url: str) -> AsyncIterator[LeaseQueue]:
-    q = await LeaseQueue.connect(store_url, timeout=10)
-    try:
-        yield q
-    finally:
-        await q.close()
 
 
 async def wait_until_expired(queue: LeaseQueue, lease: Lease) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -17,25 +16,15 @@ from fencegate.lease.job import JobContext
 from fencegate.lease.metrics import WorkerMetrics
 from fencegate.lease.testing import PartitionedStore, PartitionSwitch
 from fencegate.lease.worker import PermanentError, Worker
-from tests.lease.worker_helpers import SHORT, names, running, wait_for_state, wait_until
+from tests.lease.worker_helpers import (
+    SHORT,
+    make_worker,
+    names,
+    running,
+    wait_for_state,
+    wait_until,
+)
 from tests.support.upstream import UpstreamProcess
-
-
-@pytest.fixture
-async def queue(store_url: str) -> AsyncIterator[LeaseQueue]:
-    q = await LeaseQueue.connect(store_url)
-    try:
-        yield q
-    finally:
-        await q.close()
-
-
-def make_worker(store: Any, tools: dict[str, Any], **options: Any) -> Worker:
-    options.setdefault("events", EventLog())
-    options.setdefault("metrics", WorkerMetrics(registry=CollectorRegistry()))
-    options.setdefault("worker_id", "w1")
-    options.setdefault("grace_seconds", 5.0)
-    return Worker(store, tools=tools, **options)
 
 
 async def test_runs_jobs_and_commits_results(store_url: str, queue: LeaseQueue) -> None:

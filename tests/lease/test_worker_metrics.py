@@ -4,27 +4,21 @@ age, remaining lease), trouble (failed renewals, expired leases), reclaims and o
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
-import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from fencegate.lease import LeaseQueue
-from fencegate.lease.events import EventLog
 from fencegate.lease.job import JobContext
 from fencegate.lease.metrics import WorkerMetrics
-from fencegate.lease.testing import PartitionedStore, PartitionSwitch
-from fencegate.lease.worker import Worker
-from tests.lease.worker_helpers import SHORT, running, wait_for_state, wait_until
-
-
-@pytest.fixture
-async def queue(store_url: str) -> AsyncIterator[LeaseQueue]:
-    q = await LeaseQueue.connect(store_url)
-    try:
-        yield q
-    finally:
-        await q.close()
+from fencegate.lease.testing import PartitionSwitch
+from tests.lease.worker_helpers import (
+    SHORT,
+    make_worker,
+    partitioned_heartbeat,
+    running,
+    wait_for_state,
+    wait_until,
+)
 
 
 async def test_ownership_gauges_reclaims_and_outcomes(store_url: str, queue: LeaseQueue) -> None:
@@ -38,13 +32,8 @@ async def test_ownership_gauges_reclaims_and_outcomes(store_url: str, queue: Lea
     # A ghost claims the job and dies: the worker gets it back as attempt 2.
     job_id = await queue.enqueue("report", {}, idempotency_key="report:1", **SHORT)
     await queue.claim("ghost", kinds=["report"])
-    worker = Worker(
-        store_url,
-        tools={"report": tool},
-        worker_id="w1",
-        events=EventLog(),
-        metrics=WorkerMetrics(registry=registry),
-        poll_seconds=0.2,
+    worker = make_worker(
+        store_url, {"report": tool}, metrics=WorkerMetrics(registry=registry), poll_seconds=0.2
     )
     sample = registry.get_sample_value
     async with running(worker):
@@ -73,17 +62,12 @@ async def test_failed_renewals_and_expired_leases(store_url: str, queue: LeaseQu
         await asyncio.sleep(60)
         return "never"
 
-    async def heartbeat_store() -> PartitionedStore:
-        return PartitionedStore(await LeaseQueue.connect(store_url), switch)
-
     await queue.enqueue("browse", {}, idempotency_key="browse:1", **SHORT)
-    worker = Worker(
+    worker = make_worker(
         store_url,
-        tools={"browse": tool},
-        worker_id="w1",
-        events=EventLog(),
+        {"browse": tool},
         metrics=WorkerMetrics(registry=registry),
-        heartbeat_store=heartbeat_store,
+        heartbeat_store=partitioned_heartbeat(store_url, switch),
     )
     async with running(worker):
         await wait_until(lambda: worker.events.named("job_claimed"), what="claim")

@@ -1,18 +1,44 @@
-"""Small helpers for the worker tests: run a worker in the background, wait for a job state
-(bounded in time), short intervals that satisfy the lease rule."""
+"""Small helpers for the worker tests: build a worker with its own events and metrics, run it
+in the background, wait for a job state (bounded in time), short intervals that satisfy the
+lease rule, a heartbeat connection behind a partition switch."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+from prometheus_client import CollectorRegistry
+
 from fencegate.lease import Job, LeaseQueue
+from fencegate.lease.events import EventLog
+from fencegate.lease.metrics import WorkerMetrics
+from fencegate.lease.testing import PartitionedStore, PartitionSwitch
 from fencegate.lease.worker import Worker
 
 # lease 2 s > 1 x heartbeat 0.5 s + jitter 0.5 s
 SHORT = {"lease_seconds": 2.0, "heartbeat_seconds": 0.5, "jitter_seconds": 0.5}
+
+
+def make_worker(store: Any, tools: dict[str, Any], **options: Any) -> Worker:
+    """A worker ``w1`` with its own event log and metrics registry (tests read both)."""
+    options.setdefault("events", EventLog())
+    options.setdefault("metrics", WorkerMetrics(registry=CollectorRegistry()))
+    options.setdefault("worker_id", "w1")
+    options.setdefault("grace_seconds", 5.0)
+    return Worker(store, tools=tools, **options)
+
+
+def partitioned_heartbeat(
+    store_url: str, switch: PartitionSwitch
+) -> Callable[[], Awaitable[PartitionedStore]]:
+    """A ``heartbeat_store=`` whose connection the switch can cut off."""
+
+    async def connect() -> PartitionedStore:
+        return PartitionedStore(await LeaseQueue.connect(store_url), switch)
+
+    return connect
 
 
 @contextlib.asynccontextmanager
