@@ -50,6 +50,10 @@ class _Expired(Exception):
     """The caller's deadline passed before the call reached the connection."""
 
 
+def _now(conn: sqlite3.Connection) -> float:
+    return float(conn.execute(_NOW).fetchone()[0])
+
+
 def _dumps(value: Any) -> str | None:
     return orjson.dumps(value).decode()
 
@@ -184,13 +188,13 @@ class SQLiteDriver:
         return await self._run(migrate_sqlite_sync, timeout=timeout)
 
     async def now(self, *, timeout: float) -> datetime:
-        value = await self._run(lambda conn: conn.execute(_NOW).fetchone()[0], timeout=timeout)
+        value = await self._run(_now, timeout=timeout)
         return _time_required(value)
 
     async def enqueue(self, jobs: Sequence[NewJob], *, timeout: float) -> list[int]:
         def run(conn: sqlite3.Connection) -> list[int]:
             ids: list[int] = []
-            now = conn.execute(_NOW).fetchone()[0]
+            now = _now(conn)
             for job in jobs:
                 row = conn.execute(
                     """INSERT INTO fencegate_jobs (kind, payload, idempotency_key,
@@ -231,7 +235,7 @@ class SQLiteDriver:
         kind_sql, kind_args = _kinds_filter(kinds)
 
         def run(conn: sqlite3.Connection) -> list[Lease]:
-            now = conn.execute(_NOW).fetchone()[0]
+            now = _now(conn)
             exhausted = conn.execute(
                 f"""UPDATE fencegate_jobs
                        SET state = 'failed', lease_until = NULL, updated_at = ?,
@@ -301,24 +305,14 @@ class SQLiteDriver:
         return await self._run(run, timeout=timeout, write=True)
 
     async def extend(self, lease: Lease, *, timeout: float) -> datetime | None:
-        def run(conn: sqlite3.Connection) -> float | None:
-            now = conn.execute(_NOW).fetchone()[0]
-            row = conn.execute(
-                f"""UPDATE fencegate_jobs
-                       SET lease_until = ? + lease_seconds, heartbeat_at = ?, updated_at = ?
-                     WHERE {_HELD}
-                    RETURNING lease_until""",
-                (now, now, now, lease.job_id, lease.owner_id, lease.fencing_token, now),
-            ).fetchone()
-            return None if row is None else float(row[0])
-
-        return _time(await self._run(run, timeout=timeout, write=True))
+        [renewed] = await self.extend_many([lease], timeout=timeout)
+        return renewed
 
     async def extend_many(
         self, leases: Sequence[Lease], *, timeout: float
     ) -> list[datetime | None]:
         def run(conn: sqlite3.Connection) -> list[float | None]:
-            now = conn.execute(_NOW).fetchone()[0]
+            now = _now(conn)
             renewed: list[float | None] = []
             for lease in leases:
                 row = conn.execute(
@@ -340,7 +334,7 @@ class SQLiteDriver:
 
         def run(conn: sqlite3.Connection) -> list[bool]:
             done: list[bool] = []
-            now = conn.execute(_NOW).fetchone()[0]
+            now = _now(conn)
             for lease, result in encoded:
                 row = conn.execute(
                     f"""UPDATE fencegate_jobs
@@ -363,7 +357,7 @@ class SQLiteDriver:
         encoded = _dumps(error)
 
         def run(conn: sqlite3.Connection) -> JobState | None:
-            now = conn.execute(_NOW).fetchone()[0]
+            now = _now(conn)
             final = "? IS NULL OR attempt >= max_attempts"
             row = conn.execute(
                 f"""UPDATE fencegate_jobs
@@ -398,7 +392,7 @@ class SQLiteDriver:
 
     async def release(self, lease: Lease, *, timeout: float) -> bool:
         def run(conn: sqlite3.Connection) -> bool:
-            now = conn.execute(_NOW).fetchone()[0]
+            now = _now(conn)
             row = conn.execute(
                 f"""UPDATE fencegate_jobs
                        SET state = 'queued', owner_id = NULL, lease_until = NULL,
@@ -418,7 +412,7 @@ class SQLiteDriver:
         encoded = _dumps(reason)
 
         def run(conn: sqlite3.Connection) -> bool | None:
-            now = conn.execute(_NOW).fetchone()[0]
+            now = _now(conn)
             target = conn.execute(
                 "SELECT state, fencing_token FROM fencegate_jobs WHERE id = ?", (job_id,)
             ).fetchone()
@@ -510,7 +504,7 @@ class SQLiteDriver:
         encoded = _dumps(result)
 
         def run(conn: sqlite3.Connection) -> bool:
-            now = conn.execute(_NOW).fetchone()[0]
+            now = _now(conn)
             held = conn.execute(
                 f"SELECT 1 FROM fencegate_jobs WHERE {_HELD}",
                 (lease.job_id, lease.owner_id, lease.fencing_token, now),
@@ -545,7 +539,7 @@ class SQLiteDriver:
                      LIMIT 1"""
 
         def ready(conn: sqlite3.Connection) -> bool:
-            now = conn.execute(_NOW).fetchone()[0]
+            now = _now(conn)
             return conn.execute(query, (now, now, *kind_args)).fetchone() is not None
 
         deadline = time.monotonic() + timeout
