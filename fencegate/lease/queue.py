@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import orjson
 
@@ -33,6 +33,19 @@ from fencegate.lease.models import (
 from fencegate.lease.policy import WorkClass, backoff_seconds, check_intervals
 
 DEFAULT_TIMEOUT = 10.0
+
+
+class JobOptions(TypedDict, total=False):
+    """The per-job options of `LeaseQueue.new_job` and `LeaseQueue.enqueue`."""
+
+    idempotency_key: str | None
+    max_attempts: int | None
+    lease_seconds: float | None
+    heartbeat_seconds: float | None
+    jitter_seconds: float | None
+    stage_timeout_seconds: float | None
+    tool_timeout_seconds: float | None
+    run_after: float | None
 
 
 class LeaseQueue:
@@ -129,7 +142,10 @@ class LeaseQueue:
         tool_timeout_seconds: float | None = None,
         run_after: float | None = None,
     ) -> NewJob:
-        """Resolve and check one job's policy without storing it (see `enqueue`)."""
+        """Resolve and check one job's policy without storing it (see `enqueue`).
+
+        Each option left out (None) comes from the kind's work class, else the defaults.
+        """
         policy = self._policy(kind)
         lease = policy.lease_seconds if lease_seconds is None else lease_seconds
         heartbeat = policy.heartbeat_seconds if heartbeat_seconds is None else heartbeat_seconds
@@ -175,30 +191,14 @@ class LeaseQueue:
         kind: str,
         payload: Any = None,
         *,
-        idempotency_key: str | None = None,
-        max_attempts: int | None = None,
-        lease_seconds: float | None = None,
-        heartbeat_seconds: float | None = None,
-        jitter_seconds: float | None = None,
-        stage_timeout_seconds: float | None = None,
-        tool_timeout_seconds: float | None = None,
-        run_after: float | None = None,
         timeout: float = DEFAULT_TIMEOUT,
+        **options: Unpack[JobOptions],
     ) -> int:
         """Store one job; returns its id. The same idempotency key again returns the same id
-        and stores nothing. ``run_after`` delays the job by that many seconds."""
-        job = self.new_job(
-            kind,
-            payload,
-            idempotency_key=idempotency_key,
-            max_attempts=max_attempts,
-            lease_seconds=lease_seconds,
-            heartbeat_seconds=heartbeat_seconds,
-            jitter_seconds=jitter_seconds,
-            stage_timeout_seconds=stage_timeout_seconds,
-            tool_timeout_seconds=tool_timeout_seconds,
-            run_after=run_after,
-        )
+        and stores nothing. The options are `new_job`'s (`JobOptions`): ``idempotency_key``,
+        ``max_attempts``, the intervals, and ``run_after``, which delays the job by that many
+        seconds."""
+        job = self.new_job(kind, payload, **options)
         [job_id] = await self._driver.enqueue([job], timeout=timeout)
         return job_id
 
