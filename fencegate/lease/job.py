@@ -164,7 +164,7 @@ class JobContext:
         limit = timeout if timeout is not None else self.lease.stage_timeout_seconds
         entered = _current_stage.set(name)
         try:
-            result = await asyncio.wait_for(_call(fn), limit)
+            result = await asyncio.wait_for(invoke(fn), limit)
         except TimeoutError as exc:
             self.emit("stage_timeout", stage=name, timeout_seconds=limit)
             raise StageTimeout(f"stage {name!r} ran longer than {limit}s") from exc
@@ -202,8 +202,10 @@ class JobContext:
         return FencedAuth(self, step=step, entity=entity, signer=self.signer)
 
 
-async def _call(fn: Callable[[], Awaitable[Any] | Any]) -> Any:
-    result = fn()
+async def invoke(fn: Callable[..., Awaitable[Any] | Any], *args: Any) -> Any:
+    """``fn(*args)``, awaited if it gives an awaitable: tools and stages may be plain
+    functions. One that blocks holds the loop; the heartbeat thread keeps the lease."""
+    result = fn(*args)
     if inspect.isawaitable(result):
         result = await result
     return result

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import logging
 import os
 import signal
@@ -42,7 +41,7 @@ from fencegate.lease.execution import (
     PermanentError,
 )
 from fencegate.lease.heartbeat import HeartbeatController, RenewingStore
-from fencegate.lease.job import JobContext
+from fencegate.lease.job import JobContext, invoke
 from fencegate.lease.metrics import WorkerMetrics
 
 if TYPE_CHECKING:
@@ -325,7 +324,7 @@ class Worker:
             self.metrics.reclaimed_jobs.labels(kind).inc()
         self.metrics.live.add(kind, execution)
         loop = asyncio.get_running_loop()
-        tool_task = loop.create_task(_invoke(self.tools[kind], job))
+        tool_task = loop.create_task(invoke(self.tools[kind], job))
         self._tool_tasks[execution] = tool_task
 
         def cancel_from_controller() -> None:
@@ -515,14 +514,6 @@ class Worker:
         if self._session is None:
             raise RuntimeError("the worker is not running")
         return self._session
-
-
-async def _invoke(tool: Tool, job: JobContext) -> Any:
-    # A plain function works too: it blocks the loop, and the heartbeat thread keeps the lease.
-    result = tool(job)
-    if inspect.isawaitable(result):
-        result = await result
-    return result
 
 
 def run_worker(*workers: Worker) -> None:
