@@ -215,6 +215,25 @@ async def test_expired_lease_is_reclaimed_and_the_old_owner_is_fenced(queue: Lea
     assert (second.owner_id, second.outcome, second.attempt) == ("w2", "succeeded", 2)
 
 
+async def test_an_expired_lease_commits_nothing_before_anyone_reclaims_it(
+    queue: LeaseQueue,
+) -> None:
+    job_id = await queue.enqueue("create_case", None, **SHORT)
+    lease = await claim_one(queue, "w1")
+    await wait_until_expired(queue, lease)
+    # Same owner, same token, nobody else took the job: the lease ran out all the same.
+    assert await queue.extend_many([lease]) == [None]
+    assert await queue.complete_many([(lease, {"late": True})]) == [False]
+    assert await queue.fail(lease, "late") is False
+    assert await queue.release(lease) is False
+    assert await queue.commit_stage(lease, "draft", {"late": True}) is False
+    job = await queue.get(job_id)
+    assert (job.state, job.owner_id, job.result, job.error) == ("running", "w1", None, None)
+    assert await queue.stage_result(lease, "draft") is None
+    [attempt] = await queue.attempts(job_id)
+    assert attempt.outcome is None
+
+
 async def test_expired_lease_with_no_attempt_left_fails_the_job(queue: LeaseQueue) -> None:
     job_id = await queue.enqueue("create_case", None, max_attempts=2, **SHORT)
     for owner in ("w1", "w2"):
