@@ -5,12 +5,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 from fencegate.cli import CommandError
 from fencegate.migrations import migrate
+from fencegate.store import StoreUnavailable
+
+T = TypeVar("T")
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def add_database_url(parser: argparse.ArgumentParser) -> None:
+    """``--database-url``, as every command that opens the store takes it."""
     parser.add_argument(
         "--database-url",
         default=os.environ.get("FENCEGATE_DATABASE_URL"),
@@ -19,13 +25,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def run(args: argparse.Namespace) -> int:
+def run_on_store(work: Coroutine[Any, Any, T]) -> T:
+    """Run a command's work on the store; any failure is one clear line, not a traceback."""
     try:
-        applied = asyncio.run(migrate(args.database_url))
-    except (ValueError, OSError) as exc:
+        return asyncio.run(work)
+    except (ValueError, OSError, StoreUnavailable) as exc:
         raise CommandError(str(exc)) from exc
-    except Exception as exc:  # asyncpg / sqlite errors: say what failed, not a traceback
+    except Exception as exc:  # asyncpg / sqlite errors: say what failed
         raise CommandError(f"{type(exc).__name__}: {exc}") from exc
+
+
+add_arguments = add_database_url
+
+
+def run(args: argparse.Namespace) -> int:
+    applied = run_on_store(migrate(args.database_url))
     if applied:
         for name in applied:
             print(f"applied {name}")

@@ -4,21 +4,16 @@ nonces, in batches. The gateway also does this on its own every purge interval."
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 
 from fencegate.cli import CommandError
+from fencegate.commands.migrate import add_database_url, run_on_store
 from fencegate.config import DAY
-from fencegate.store import PurgeCounts, StoreUnavailable, open_gateway_store
+from fencegate.store import PurgeCounts, open_gateway_store
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--database-url",
-        default=os.environ.get("FENCEGATE_DATABASE_URL"),
-        help="postgresql://… or sqlite:///path.db (default: sqlite:///fencegate.db; "
-        "env FENCEGATE_DATABASE_URL)",
-    )
+    add_database_url(parser)
     parser.add_argument(
         "--fence-ttl-seconds",
         type=float,
@@ -50,18 +45,13 @@ async def purge(
 def run(args: argparse.Namespace) -> int:
     if args.batch_size < 1:
         raise CommandError("--batch-size must be at least 1")
-    try:
-        counts = asyncio.run(
-            purge(
-                args.database_url,
-                fence_ttl_seconds=args.fence_ttl_seconds,
-                batch_size=args.batch_size,
-                timeout=args.timeout,
-            )
+    counts = run_on_store(
+        purge(
+            args.database_url,
+            fence_ttl_seconds=args.fence_ttl_seconds,
+            batch_size=args.batch_size,
+            timeout=args.timeout,
         )
-    except (ValueError, OSError, StoreUnavailable) as exc:
-        raise CommandError(str(exc)) from exc
-    except Exception as exc:  # asyncpg / sqlite errors: say what failed, not a traceback
-        raise CommandError(f"{type(exc).__name__}: {exc}") from exc
+    )
     print(f"purged {counts.keys} keys, {counts.fences} fences, {counts.nonces} nonces")
     return 0
