@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from tests.support.processes import child_env
 
 
 def test_demo_tells_the_whole_story(tmp_path: Path) -> None:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
     done = subprocess.run(
         [sys.executable, "-m", "fencegate.cli", "demo"],
         cwd=tmp_path,  # needs no set-up and leaves nothing behind
-        env=env,
+        env=child_env(),
         capture_output=True,
         text=True,
         timeout=120,

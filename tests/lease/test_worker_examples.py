@@ -3,23 +3,20 @@ fences refused, the httpx worker finishing every job."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from tests.support.processes import REPO_ROOT, child_env
 
 
 def run_example(tmp_path: Path, *args: str) -> str:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
     done = subprocess.run(
         [sys.executable, *args],
         cwd=tmp_path,
-        env=env,
+        env=child_env(),
         capture_output=True,
         text=True,
         timeout=120,

@@ -4,7 +4,6 @@ again once the lease runs out on the database clock, by a new owner with a large
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import subprocess
 import sys
@@ -13,13 +12,10 @@ from pathlib import Path
 
 from fencegate.lease import LeaseQueue
 from fencegate.lease.events import read_events
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from tests.support.processes import REPO_ROOT, child_env
 
 
 def start_worker_process(url: str, events: Path, *args: str) -> subprocess.Popen[bytes]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
     return subprocess.Popen(
         [
             sys.executable,
@@ -32,7 +28,7 @@ def start_worker_process(url: str, events: Path, *args: str) -> subprocess.Popen
             *args,
         ],
         cwd=REPO_ROOT,
-        env=env,
+        env=child_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )

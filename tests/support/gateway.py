@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import subprocess
 import sys
@@ -15,8 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from tests.support.net import free_port
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from tests.support.processes import child_env, stop_process
 
 
 class GatewayProcess:
@@ -99,15 +97,10 @@ class GatewayProcess:
         return self._proc is not None and self._proc.poll() is None
 
     def start(self) -> None:
-        env = dict(os.environ)
-        env.update(self.env)
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p
-        )
         self._proc = subprocess.Popen(
             self.command(),
             cwd=self.workdir,
-            env=env,
+            env=child_env(self.env),
             stdout=self._log,
             stderr=subprocess.STDOUT,
         )
@@ -139,15 +132,8 @@ class GatewayProcess:
             self._proc.wait(timeout=timeout)
 
     def terminate(self, *, timeout: float = 15.0) -> None:
-        proc = self._proc
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=timeout)
+        if self._proc is not None:
+            stop_process(self._proc, timeout=timeout)
 
     def log_text(self) -> str:
         with contextlib.suppress(ValueError):

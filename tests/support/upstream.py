@@ -23,7 +23,6 @@ import collections
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -38,13 +37,12 @@ from urllib.parse import parse_qs, quote
 import orjson
 
 from tests.support.net import free_port, wait_for_port
+from tests.support.processes import REPO_ROOT, child_env, stop_process
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 class UpstreamApp:
@@ -173,14 +171,10 @@ class UpstreamProcess:
     def start(self) -> None:
         if self.running:
             return
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p
-        )
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "tests.support.upstream", "--port", str(self.port)],
             cwd=REPO_ROOT,
-            env=env,
+            env=child_env(),
             stdout=self._log,
             stderr=subprocess.STDOUT,
         )
@@ -201,15 +195,8 @@ class UpstreamProcess:
 
     def stop(self, *, timeout: float = 10.0) -> None:
         proc, self._proc = self._proc, None
-        if proc is None:
-            return
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=timeout)
+        if proc is not None:
+            stop_process(proc, timeout=timeout)
 
     def log_text(self) -> str:
         self._log.flush()
