@@ -19,6 +19,7 @@ from fencegate.lease.job import JobContext
 from fencegate.lease.metrics import WorkerMetrics
 from fencegate.lease.testing import PartitionedStore, PartitionSwitch
 from tests.lease.worker_helpers import (
+    claim_when_free,
     make_worker,
     names,
     partitioned_heartbeat,
@@ -216,12 +217,7 @@ async def test_partitioned_worker_gives_up_and_a_new_owner_takes_over(
             switch.partition()
             await asyncio.wait_for(cancelled.wait(), 30)
             # W2 claims once the lease has run out on the database clock.
-            deadline = time.monotonic() + 30
-            leases: list[Lease] = []
-            while not leases and time.monotonic() < deadline:
-                leases = await queue.claim("w2", kinds=["long"], limit=1)
-                await asyncio.sleep(0.05)
-            [w2] = leases
+            w2 = await claim_when_free(queue, "w2", "long", timeout=30)
             assert w2.fencing_token > claimed["token"] and w2.attempt == 2
             assert await queue.complete(w2, "done by w2")
             switch.heal()

@@ -8,10 +8,12 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from fencegate.lease import LeaseQueue
 from fencegate.lease.events import read_events
+from tests.lease.worker_helpers import claim_when_free
 from tests.support.processes import REPO_ROOT, child_env
 
 
@@ -41,6 +43,26 @@ def read(events: Path) -> list[dict[str, object]]:
     return read_events(lines[:-1] if lines and not lines[-1].endswith(b"}") else lines)
 
 
+async def wait_for_log(
+    proc: subprocess.Popen[bytes],
+    events: Path,
+    seen: Callable[[list[dict[str, object]]], bool],
+    *,
+    what: str,
+    timeout: float = 60.0,
+) -> None:
+    """Wait until the worker's event log shows ``seen``, while the worker is alive."""
+    deadline = time.monotonic() + timeout
+    while not seen(read(events)):
+        assert proc.poll() is None, proc.stdout.read() if proc.stdout else b""
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.05)
+
+
+def has_event(name: str, count: int = 1) -> Callable[[list[dict[str, object]]], bool]:
+    return lambda events: sum(e["event"] == name for e in events) >= count
+
+
 async def test_killed_worker_job_is_claimed_again_after_its_lease(
     store_url: str, tmp_path: Path
 ) -> None:
@@ -57,21 +79,13 @@ async def test_killed_worker_job_is_claimed_again_after_its_lease(
     )
     proc = start_worker_process(store_url, events, "--tool", "sleep", "--name", "victim")
     try:
-        deadline = time.monotonic() + 60
-        while not any(e["event"] == "heartbeat_ok" for e in read(events)):
-            assert proc.poll() is None, proc.stdout.read() if proc.stdout else b""
-            assert time.monotonic() < deadline, "the worker never renewed its lease"
-            await asyncio.sleep(0.05)
+        await wait_for_log(
+            proc, events, has_event("heartbeat_ok"), what="the worker never renewed its lease"
+        )
         killed_at = await queue.now()
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
-
-        leases = []
-        deadline = time.monotonic() + 60
-        while not leases and time.monotonic() < deadline:
-            leases = await queue.claim("rescuer", kinds=["work"], limit=1)
-            await asyncio.sleep(0.1)
-        [lease] = leases
+        lease = await claim_when_free(queue, "rescuer", "work")
         history = await queue.attempts(job_id)
     finally:
         if proc.poll() is None:
@@ -107,11 +121,9 @@ async def test_sigterm_finishes_what_it_can_and_releases_the_rest(
         store_url, events, "--tool", "sleep", "--concurrency", "2", "--grace-seconds", "3"
     )
     try:
-        deadline = time.monotonic() + 60
-        while sum(e["event"] == "job_claimed" for e in read(events)) < 2:
-            assert proc.poll() is None, proc.stdout.read() if proc.stdout else b""
-            assert time.monotonic() < deadline, "the worker did not claim both jobs"
-            await asyncio.sleep(0.05)
+        await wait_for_log(
+            proc, events, has_event("job_claimed", 2), what="the worker did not claim both jobs"
+        )
         proc.send_signal(signal.SIGTERM)
         out, _ = await asyncio.to_thread(proc.communicate, timeout=60)
         assert proc.returncode == 0, out
@@ -149,24 +161,18 @@ async def test_a_paused_worker_wakes_up_to_zero_rows_and_stops(
     )
     proc = start_worker_process(store_url, events, "--tool", "sleep", "--name", "sleeper")
     try:
-        deadline = time.monotonic() + 60
-        while not any(e["event"] == "heartbeat_ok" for e in read(events)):
-            assert proc.poll() is None, proc.stdout.read() if proc.stdout else b""
-            assert time.monotonic() < deadline, "the worker never renewed its lease"
-            await asyncio.sleep(0.05)
+        await wait_for_log(
+            proc, events, has_event("heartbeat_ok"), what="the worker never renewed its lease"
+        )
         proc.send_signal(signal.SIGSTOP)
-        leases = []
-        deadline = time.monotonic() + 60
-        while not leases and time.monotonic() < deadline:
-            leases = await queue.claim("rescuer", kinds=["work"], limit=1)
-            await asyncio.sleep(0.1)
-        [lease] = leases
+        lease = await claim_when_free(queue, "rescuer", "work")
         proc.send_signal(signal.SIGCONT)
-        deadline = time.monotonic() + 60
-        while not any(e["event"] == "result_rejected" for e in read(events)):
-            assert proc.poll() is None, proc.stdout.read() if proc.stdout else b""
-            assert time.monotonic() < deadline, "the woken worker did not give the job up"
-            await asyncio.sleep(0.05)
+        await wait_for_log(
+            proc,
+            events,
+            has_event("result_rejected"),
+            what="the woken worker did not give the job up",
+        )
         assert await queue.complete(lease, {"by": "rescuer"})
         job = await queue.get(job_id)
     finally:

@@ -11,7 +11,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from fencegate.lease import Job, LeaseQueue
+from fencegate.lease import Job, Lease, LeaseQueue
 from fencegate.lease.events import EventLog
 from fencegate.lease.metrics import WorkerMetrics
 from fencegate.lease.testing import PartitionedStore, PartitionSwitch
@@ -70,6 +70,21 @@ async def wait_until(predicate: Any, *, timeout: float = 30.0, what: str = "cond
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError(f"{what} not reached after {timeout}s")
         await asyncio.sleep(0.02)
+
+
+async def claim_when_free(
+    queue: LeaseQueue, owner: str, kind: str, *, timeout: float = 60.0
+) -> Lease:
+    """Claim one job of ``kind`` as soon as it can be had (its lease ran out on the
+    database clock); fail the test if it cannot be had within ``timeout``."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        leases = await queue.claim(owner, kinds=[kind], limit=1)
+        if leases:
+            return leases[0]
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"{owner} could not claim a {kind} job within {timeout}s")
+        await asyncio.sleep(0.05)
 
 
 def names(events: list[dict[str, Any]]) -> list[str]:
