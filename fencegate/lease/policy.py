@@ -88,11 +88,6 @@ class WorkClass:
                 raise ValueError(f"{name} {value:g} must be positive")
 
 
-def default_work_class(kind: str) -> WorkClass:
-    """The policy of a kind nobody declared: the documented defaults."""
-    return WorkClass(kind=kind)
-
-
 def backoff_seconds(
     attempt: int, *, base: float, cap: float, rng: random.Random | None = None
 ) -> float:
