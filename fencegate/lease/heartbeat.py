@@ -208,24 +208,25 @@ class HeartbeatController:
                 failures = 0
                 self.events.emit(
                     "heartbeat_ok",
-                    job=str(execution.job_id),
-                    kind=kind,
-                    token=execution.fencing_token,
-                    worker=self.worker_id,
+                    **self._about(execution, kind),
                     lease_until=renewed.lease_until,
                 )
                 next_at = sent_at + period
         finally:
             self._wakeups.pop(id(execution), None)
 
-    def _failed(self, execution: Execution, kind: str, exc: BaseException, failures: int) -> None:
-        self.metrics.failed_renewals.labels(kind).inc()
-        common = {
+    def _about(self, execution: Execution, kind: str) -> dict[str, Any]:
+        """The fields every event of one execution carries."""
+        return {
             "job": str(execution.job_id),
             "kind": kind,
             "token": execution.fencing_token,
             "worker": self.worker_id,
         }
+
+    def _failed(self, execution: Execution, kind: str, exc: BaseException, failures: int) -> None:
+        self.metrics.failed_renewals.labels(kind).inc()
+        common = self._about(execution, kind)
         self.events.emit(
             "heartbeat_failed",
             **common,
@@ -271,13 +272,5 @@ class HeartbeatController:
         if not execution.mark_lost(reason):
             return
         self.metrics.expired_leases.labels(kind).inc()
-        self.events.emit(
-            "heartbeat_lost",
-            job=str(execution.job_id),
-            kind=kind,
-            token=execution.fencing_token,
-            worker=self.worker_id,
-            reason=reason,
-            **details,
-        )
+        self.events.emit("heartbeat_lost", **self._about(execution, kind), reason=reason, **details)
         cancel()
