@@ -456,11 +456,10 @@ class Worker:
             )
             self.metrics.outcomes.labels(job.kind, "rejected").inc()
             return
-        state, run_after = "failed", None
-        with contextlib.suppress(Exception):
-            current = await self._q().get(job.id, timeout=self.store_timeout)
-            state, run_after = current.state, current.run_after
-        if state == "failed":
+        # The store's rule, known here without asking: the job fails for good when the error
+        # is permanent or no attempt is left; otherwise a retry is scheduled. A later read
+        # could already see what the next owner did with the retry.
+        if permanent or job.attempt >= job.lease.max_attempts:
             job.emit(
                 "job_failed",
                 error=code,
@@ -469,9 +468,12 @@ class Worker:
                 max_attempts=job.lease.max_attempts,
             )
             self.metrics.outcomes.labels(job.kind, "failed").inc()
-        else:
-            job.emit("retry_scheduled", error=code, attempt=job.attempt, run_after=run_after)
-            self.metrics.outcomes.labels(job.kind, "retry").inc()
+            return
+        run_after = None
+        with contextlib.suppress(Exception):
+            run_after = (await self._q().get(job.id, timeout=self.store_timeout)).run_after
+        job.emit("retry_scheduled", error=code, attempt=job.attempt, run_after=run_after)
+        self.metrics.outcomes.labels(job.kind, "retry").inc()
 
     async def _conditional(
         self,

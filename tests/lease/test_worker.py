@@ -18,6 +18,7 @@ from fencegate.lease.testing import PartitionedStore, PartitionSwitch
 from fencegate.lease.worker import PermanentError, Worker
 from tests.lease.worker_helpers import (
     SHORT,
+    claim_when_free,
     make_worker,
     names,
     running,
@@ -84,6 +85,45 @@ async def test_exhausted_attempts_end_failed(store_url: str, queue: LeaseQueue) 
     assert names(worker.events.for_job(job_id)).count("retry_scheduled") == 1
     [failed] = worker.events.named("job_failed")
     assert failed["attempt"] == 2
+
+
+async def test_a_scheduled_retry_is_reported_as_such_whatever_happens_next(
+    store_url: str, queue: LeaseQueue
+) -> None:
+    class RivalActsFirst:
+        """The worker's own queue, except that between this worker's fail and its next read
+        of the job a rival claims the retry and fails the job for good."""
+
+        def __init__(self, inner: LeaseQueue) -> None:
+            self.inner, self.acted = inner, False
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.inner, name)
+
+        async def get(self, job_id: int, *, timeout: float) -> Any:
+            if not self.acted:
+                self.acted = True
+                lease = await claim_when_free(queue, "rival", "flaky", timeout=30)
+                assert await queue.fail(lease, "rival gave up", permanent=True)
+            return await self.inner.get(job_id, timeout=timeout)
+
+    async def flaky(job: JobContext) -> str:
+        raise ConnectionError("provider answered 503")
+
+    job_id = await queue.enqueue("flaky", {}, idempotency_key="flaky:rival", **SHORT)
+    fast = WorkClass(kind="flaky", backoff_base_seconds=0.05, backoff_max_seconds=0.1, **SHORT)
+    worker_queue = await LeaseQueue.connect(store_url)
+    try:
+        worker = make_worker(RivalActsFirst(worker_queue), {"flaky": flaky}, work_classes=[fast])
+        await asyncio.wait_for(worker.run_until_idle(), 60)
+    finally:
+        await worker_queue.close()
+    assert (await queue.get(job_id)).state == "failed"  # by the rival, on attempt 2
+    # This worker's attempt ended with a retry scheduled; what the rival did later is not
+    # this worker's job_failed.
+    [retry] = worker.events.named("retry_scheduled")
+    assert retry["attempt"] == 1
+    assert worker.events.named("job_failed") == []
 
 
 async def test_permanent_errors_are_not_retried(store_url: str, queue: LeaseQueue) -> None:
