@@ -37,6 +37,30 @@ def fence_headers(job: JobContext, *, step: str, entity: str | None) -> dict[str
     }
 
 
+def start_request(
+    job: JobContext,
+    *,
+    method: str,
+    url: str,
+    step: str,
+    headers: Mapping[str, str],
+    body: bytes,
+) -> None:
+    """The last ownership check right before the bytes leave (the fence at the receiver
+    covers the rest), then ``tool_request_started``: ids and a hash, never the body."""
+    job.guard()
+    job.emit(
+        "tool_request_started",
+        request=headers[REQUEST_ID],
+        method=method,
+        url=url,
+        step=step,
+        idempotency_key=headers[IDEMPOTENCY_KEY],
+        entity=headers[EXECUTION_ENTITY],
+        body_sha256=digest(body) if body else None,
+    )
+
+
 def default_step(job: JobContext, method: str, path: str) -> str:
     step = f"{method.upper()} {path or '/'}"
     return f"{job.current_stage}:{step}" if job.current_stage else step
@@ -95,20 +119,16 @@ class FencedClient:
         step = step or default_step(self.job, method, target.path)
         fenced = fence_headers(self.job, step=step, entity=entity or self.entity)
         out.update(fenced)
-        request_id = out.setdefault(REQUEST_ID, "req-" + uuid.uuid4().hex[:12])
+        out.setdefault(REQUEST_ID, "req-" + uuid.uuid4().hex[:12])
         if self.signer is not None:
             self.signer.sign(method, str(target), out, body)
-        # Last check right before the bytes leave: the fence at the receiver covers the rest.
-        self.job.guard()
-        self.job.emit(
-            "tool_request_started",
-            request=request_id,
+        start_request(
+            self.job,
             method=method,
             url=str(target.with_query(None)),
             step=step,
-            idempotency_key=fenced[IDEMPOTENCY_KEY],
-            entity=fenced[EXECUTION_ENTITY],
-            body_sha256=digest(body) if body else None,
+            headers=out,
+            body=body,
         )
         async with self.session.request(
             method,

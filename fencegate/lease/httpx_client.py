@@ -18,14 +18,7 @@ from typing import TYPE_CHECKING
 
 import httpx
 
-from fencegate.lease.client import (
-    EXECUTION_ENTITY,
-    IDEMPOTENCY_KEY,
-    REQUEST_ID,
-    default_step,
-    fence_headers,
-)
-from fencegate.lease.events import digest
+from fencegate.lease.client import REQUEST_ID, default_step, fence_headers, start_request
 from fencegate.types import RequestSigner
 
 if TYPE_CHECKING:
@@ -69,15 +62,12 @@ class FencedAuth(httpx.Auth):
             headers = signed
         for name, value in headers.items():
             request.headers[name] = value
-        self.job.guard()
-        self.job.emit(
-            "tool_request_started",
-            request=headers[REQUEST_ID],
+        start_request(
+            self.job,
             method=request.method,
             url=str(request.url.copy_with(query=None)),
             step=str(step),
-            idempotency_key=headers[IDEMPOTENCY_KEY],
-            entity=headers[EXECUTION_ENTITY],
-            body_sha256=digest(body) if body else None,
+            headers=headers,
+            body=body,
         )
         yield request
