@@ -1,9 +1,11 @@
 """The gateway store on PostgreSQL (asyncpg pool).
 
-One decision is one call of the `fencegate_decide` function (one round trip, one
-transaction); each record is one conditional statement. asyncpg caches the prepared
-statements per connection. Every call is bounded by `timeout=` as a whole (acquire, query
-and release), so a partitioned database costs a caller at most that long.
+Decisions and recorded answers that queue up while a round trip runs go together in the
+next one: one call of the `fencegate_step` function (one round trip, one transaction).
+Releasing, marking unknown and renewing are one conditional statement each. asyncpg
+caches the prepared statements per connection. Every call is bounded by `timeout=` as a
+whole (acquire, query and release), so a partitioned database costs a caller at most that
+long.
 """
 
 from __future__ import annotations
@@ -132,7 +134,10 @@ def _affected(status: str) -> bool:
 class PostgresGatewayStore:
     def __init__(self, pool: asyncpg.Pool) -> None:
         self._pool = pool
-        self._steps: Batcher[_Step, Decision | bool] = Batcher(self._step)
+        # One round trip at a time: what arrives meanwhile waits for it and goes in the next,
+        # so each commit (and its WAL flush) carries more requests. A second concurrent round
+        # trip would mostly wait for the same flush, and costs its own commit.
+        self._steps: Batcher[_Step, Decision | bool] = Batcher(self._step, max_in_flight=1)
 
     @classmethod
     async def connect(
