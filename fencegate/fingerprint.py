@@ -8,6 +8,8 @@ from urllib.parse import parse_qsl, urlencode
 
 def sorted_query(query_string: str) -> str:
     """The query in a canonical order, so ``?a=1&b=2`` and ``?b=2&a=1`` are one request."""
+    if not query_string:
+        return ""
     pairs = parse_qsl(query_string, keep_blank_values=True)
     return urlencode(sorted(pairs))
 

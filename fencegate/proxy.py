@@ -47,6 +47,8 @@ class UpstreamClient:
     def __init__(self, *, max_connections: int = 200) -> None:
         self._max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
+        # One per distinct route timeout, built once rather than for every request.
+        self._timeouts: dict[float, aiohttp.ClientTimeout] = {}
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(
@@ -80,9 +82,11 @@ class UpstreamClient:
         async def forward(timeout: float) -> UpstreamResponse:
             if upstream is None:
                 raise UpstreamRefused(f"no upstream is configured for {policy.prefix}")
-            client_timeout = aiohttp.ClientTimeout(
-                total=timeout, sock_connect=min(timeout, CONNECT_TIMEOUT)
-            )
+            client_timeout = self._timeouts.get(timeout)
+            if client_timeout is None:
+                client_timeout = self._timeouts[timeout] = aiohttp.ClientTimeout(
+                    total=timeout, sock_connect=min(timeout, CONNECT_TIMEOUT)
+                )
             try:
                 async with session.request(
                     request.method,
