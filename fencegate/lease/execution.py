@@ -54,7 +54,6 @@ class Execution:
         self._lock = threading.Lock()
         self._lease = lease
         self._state = Ownership.OWNED
-        self._deadline = confirmed_at + float(lease.lease_seconds)
         self._confirmed_at = confirmed_at
         self._running = True
         self.lost_reason: str | None = None
@@ -108,11 +107,16 @@ class Execution:
     def remaining(self, *, now: float | None = None) -> float:
         """Seconds until the lease ends, by the conservative local deadline."""
         with self._lock:
-            return self._deadline - (time.monotonic() if now is None else now)
+            return self._deadline() - (time.monotonic() if now is None else now)
 
     def confirmed_age(self, *, now: float | None = None) -> float:
         with self._lock:
             return (time.monotonic() if now is None else now) - self._confirmed_at
+
+    def _deadline(self) -> float:
+        # The lease ends, locally, one lease duration after the last confirmation was sent.
+        # Called with the lock held.
+        return self._confirmed_at + float(self._lease.lease_seconds)
 
     def renewed(self, lease: Lease, *, sent_at: float) -> bool:
         """Record a successful renewal; False if the execution was already given up."""
@@ -120,7 +124,6 @@ class Execution:
             if self._state is Ownership.LOST:
                 return False
             self._lease = lease
-            self._deadline = sent_at + float(lease.lease_seconds)
             self._confirmed_at = sent_at
             self._state = Ownership.OWNED
             return True
@@ -148,7 +151,7 @@ class Execution:
         It may when the last confirmation is still good for more than ``margin`` seconds.
         """
         with self._lock:
-            state, deadline, reason = self._state, self._deadline, self.lost_reason
+            state, deadline, reason = self._state, self._deadline(), self.lost_reason
         if state is Ownership.LOST:
             raise OwnershipLost(self.job_id, self.fencing_token, f"lease lost ({reason})")
         if state is Ownership.UNKNOWN:
