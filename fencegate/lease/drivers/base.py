@@ -8,6 +8,16 @@ from typing import Any, Protocol
 
 from fencegate.lease.models import Attempt, Job, JobState, Lease, NewJob, StageRecord
 
+# The columns both stores read into a `Job` and a `Lease`, in their fields' order.
+JOB_COLUMNS = """id, kind, state, owner_id, lease_until, fencing_token, heartbeat_at, attempt,
+    max_attempts, run_after, idempotency_key, payload, result, error, lease_seconds,
+    heartbeat_seconds, jitter_seconds, stage_timeout_seconds, created_at, updated_at,
+    tool_timeout_seconds"""
+
+LEASE_COLUMNS = """id, kind, owner_id, fencing_token, lease_until, lease_seconds,
+    heartbeat_seconds, attempt, max_attempts, payload, idempotency_key, stage_timeout_seconds,
+    tool_timeout_seconds"""
+
 
 class Driver(Protocol):
     async def close(self) -> None: ...

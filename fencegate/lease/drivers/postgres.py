@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 import asyncpg
 import orjson
 
+from fencegate.lease.drivers.base import JOB_COLUMNS, LEASE_COLUMNS
 from fencegate.lease.errors import StoreUnavailable
 from fencegate.lease.models import Attempt, Job, JobState, Lease, NewJob, StageRecord
 from fencegate.migrations import migrate_postgres
@@ -64,15 +65,6 @@ async def _no_reset(conn: asyncpg.Connection) -> None:
     # so the default reset round trip on every release buys nothing.
     return None
 
-
-_JOB_COLUMNS = """id, kind, state, owner_id, lease_until, fencing_token, heartbeat_at, attempt,
-    max_attempts, run_after, idempotency_key, payload, result, error, lease_seconds,
-    heartbeat_seconds, jitter_seconds, stage_timeout_seconds, created_at, updated_at,
-    tool_timeout_seconds"""
-
-_LEASE_COLUMNS = """id, kind, owner_id, fencing_token, lease_until, lease_seconds,
-    heartbeat_seconds, attempt, max_attempts, payload, idempotency_key, stage_timeout_seconds,
-    tool_timeout_seconds"""
 
 # Rows that still belong to the presenter of a lease: $1 id, $2 owner, $3 token.
 _HELD = """id = $1 AND state = 'running' AND owner_id = $2 AND fencing_token = $3
@@ -173,11 +165,11 @@ SELECT {lease_columns} FROM granted ORDER BY id
 """
 # One kind (the common case) walks the (kind, id) index in order; several kinds or any kind
 # walk the (id) index and filter.
-CLAIM_ONE_KIND = _CLAIM_TEMPLATE.format(kinds="AND kind = $2::text", lease_columns=_LEASE_COLUMNS)
+CLAIM_ONE_KIND = _CLAIM_TEMPLATE.format(kinds="AND kind = $2::text", lease_columns=LEASE_COLUMNS)
 CLAIM_KINDS = _CLAIM_TEMPLATE.format(
-    kinds="AND kind = ANY($2::text[])", lease_columns=_LEASE_COLUMNS
+    kinds="AND kind = ANY($2::text[])", lease_columns=LEASE_COLUMNS
 )
-CLAIM_ANY = _CLAIM_TEMPLATE.format(kinds="AND $2::text[] IS NULL", lease_columns=_LEASE_COLUMNS)
+CLAIM_ANY = _CLAIM_TEMPLATE.format(kinds="AND $2::text[] IS NULL", lease_columns=LEASE_COLUMNS)
 
 EXTEND = f"""
 UPDATE fencegate_jobs
@@ -284,10 +276,10 @@ closed AS (
 SELECT (SELECT count(*) FROM target) AS found, (SELECT count(*) FROM cancelled) AS cancelled
 """
 
-GET = f"SELECT {_JOB_COLUMNS} FROM fencegate_jobs WHERE id = $1"
+GET = f"SELECT {JOB_COLUMNS} FROM fencegate_jobs WHERE id = $1"
 
 LIST_JOBS = f"""
-SELECT {_JOB_COLUMNS} FROM fencegate_jobs
+SELECT {JOB_COLUMNS} FROM fencegate_jobs
  WHERE ($1::text IS NULL OR state = $1) AND ($2::text IS NULL OR kind = $2)
  ORDER BY id DESC
  LIMIT $3

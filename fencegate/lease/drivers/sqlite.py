@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 import orjson
 
+from fencegate.lease.drivers.base import JOB_COLUMNS, LEASE_COLUMNS
 from fencegate.lease.errors import StoreUnavailable
 from fencegate.lease.models import Attempt, Job, JobState, Lease, NewJob, StageRecord
 from fencegate.migrations import migrate_sqlite_sync
@@ -31,15 +32,6 @@ T = TypeVar("T")
 POLL_SECONDS = 0.05
 
 _NOW = f"SELECT {SQLITE_NOW}"
-
-_JOB_COLUMNS = """id, kind, state, owner_id, lease_until, fencing_token, heartbeat_at, attempt,
-    max_attempts, run_after, idempotency_key, payload, result, error, lease_seconds,
-    heartbeat_seconds, jitter_seconds, stage_timeout_seconds, created_at, updated_at,
-    tool_timeout_seconds"""
-
-_LEASE_COLUMNS = """id, kind, owner_id, fencing_token, lease_until, lease_seconds,
-    heartbeat_seconds, attempt, max_attempts, payload, idempotency_key, stage_timeout_seconds,
-    tool_timeout_seconds"""
 
 # Rows that still belong to the presenter of a lease: id, owner, token, now.
 _HELD = """id = ? AND state = 'running' AND owner_id = ? AND fencing_token = ?
@@ -290,7 +282,7 @@ class SQLiteDriver:
                                attempt = attempt + 1, updated_at = ?,
                                error = COALESCE(?, error)
                          WHERE id = ?
-                        RETURNING {_LEASE_COLUMNS}""",
+                        RETURNING {LEASE_COLUMNS}""",
                     (owner_id, token, now, now, now, expiry, candidate["id"]),
                 ).fetchone()
                 conn.execute(
@@ -434,7 +426,7 @@ class SQLiteDriver:
     async def get(self, job_id: int, *, timeout: float) -> Job | None:
         row = await self._run(
             lambda conn: conn.execute(
-                f"SELECT {_JOB_COLUMNS} FROM fencegate_jobs WHERE id = ?", (job_id,)
+                f"SELECT {JOB_COLUMNS} FROM fencegate_jobs WHERE id = ?", (job_id,)
             ).fetchone(),
             timeout=timeout,
         )
@@ -445,7 +437,7 @@ class SQLiteDriver:
     ) -> list[Job]:
         rows = await self._run(
             lambda conn: conn.execute(
-                f"""SELECT {_JOB_COLUMNS} FROM fencegate_jobs
+                f"""SELECT {JOB_COLUMNS} FROM fencegate_jobs
                      WHERE (? IS NULL OR state = ?) AND (? IS NULL OR kind = ?)
                      ORDER BY id DESC LIMIT ?""",
                 (state, state, kind, kind, limit),
