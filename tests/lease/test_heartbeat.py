@@ -5,8 +5,10 @@ refusing new actions, then giving up locally so a new owner can take over."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -29,11 +31,11 @@ from tests.lease.worker_helpers import (
 )
 
 
-def claimer_thread(
-    url: str, kind: str, stop: threading.Event, won: list[Lease]
-) -> threading.Thread:
+@contextlib.contextmanager
+def rival_claimer(url: str, kind: str) -> Iterator[list[Lease]]:
     """A rival worker on its own thread, loop and connection: once w1 holds a job of this
-    kind, it tries to claim it as fast as it can."""
+    kind, it tries to claim it as fast as it can. Yields the leases it won."""
+    stop, won = threading.Event(), []
 
     async def rival() -> None:
         q = await LeaseQueue.connect(url)
@@ -50,7 +52,11 @@ def claimer_thread(
 
     thread = threading.Thread(target=asyncio.run, args=(rival(),), daemon=True)
     thread.start()
-    return thread
+    try:
+        yield won
+    finally:
+        stop.set()
+        thread.join(timeout=30)
 
 
 async def test_a_tool_blocking_its_event_loop_keeps_its_lease(
@@ -72,16 +78,11 @@ async def test_a_tool_blocking_its_event_loop_keeps_its_lease(
         heartbeat_seconds=heartbeat_seconds,
         jitter_seconds=0.5,
     )
-    stop, won = threading.Event(), []
     worker = make_worker(store_url, {"blocking": blocking})
     events = worker.events
-    rival = claimer_thread(store_url, "blocking", stop, won)
-    try:
+    with rival_claimer(store_url, "blocking") as won:
         async with running(worker):
             job = await wait_for_state(queue, job_id, "succeeded", "failed")
-    finally:
-        stop.set()
-        rival.join(timeout=30)
     assert won == []  # the rival never got the job
     assert (job.state, job.result, job.attempt) == ("succeeded", "done", 1)
     [claimed] = events.named("job_claimed")
@@ -256,16 +257,11 @@ async def test_a_tool_stuck_past_its_timeout_is_not_kept_alive(
         jitter_seconds=0.5,
         tool_timeout_seconds=0.5,
     )
-    stop, won = threading.Event(), []
     worker = make_worker(store_url, {"stuck": stuck})
     events = worker.events
-    rival = claimer_thread(store_url, "stuck", stop, won)
-    try:
+    with rival_claimer(store_url, "stuck") as won:
         async with running(worker):
             await wait_until(lambda: events.named("result_rejected"), what="rejection")
-    finally:
-        stop.set()
-        rival.join(timeout=30)
     [claimed] = events.named("job_claimed")
     [lost] = events.named("heartbeat_lost")
     assert lost["reason"] == "tool_timeout_overrun"
