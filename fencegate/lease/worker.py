@@ -409,7 +409,9 @@ class Worker:
         job.emit(
             "tool_failed",
             error=type(error).__name__,
-            detail=str(error)[:200] or None,
+            # A tool's message may quote its payload; the log gets a hash to match it with
+            # the job's stored error, never the text.
+            detail_sha256=digest(str(error)) if str(error) else None,
             duration_seconds=duration,
             ownership_unknown=isinstance(error, OwnershipUnknown) or None,
         )

@@ -87,6 +87,26 @@ async def test_exhausted_attempts_end_failed(store_url: str, queue: LeaseQueue) 
     assert failed["attempt"] == 2
 
 
+async def test_a_tools_error_message_reaches_the_log_only_as_a_hash(
+    store_url: str, queue: LeaseQueue
+) -> None:
+    secret = "card 4111-1111-1111-1111 declined"
+
+    async def leaky(job: JobContext) -> None:
+        raise PermanentError(secret) if job.attempt > 1 else RuntimeError(secret)
+
+    job_id = await queue.enqueue("leaky", {}, idempotency_key="leaky:1", max_attempts=2, **SHORT)
+    fast = WorkClass(kind="leaky", backoff_base_seconds=0.05, backoff_max_seconds=0.1, **SHORT)
+    worker = make_worker(store_url, {"leaky": leaky}, work_classes=[fast], poll_seconds=0.2)
+    async with running(worker):
+        await wait_for_state(queue, job_id, "failed", "succeeded")
+    events = worker.events.for_job(job_id)
+    assert "tool_failed" in names(events)
+    assert secret not in repr(events)
+    [tool_failed] = [e for e in events if e["event"] == "tool_failed"]
+    assert tool_failed["detail_sha256"] == digest(secret)
+
+
 async def test_a_scheduled_retry_is_reported_as_such_whatever_happens_next(
     store_url: str, queue: LeaseQueue
 ) -> None:
