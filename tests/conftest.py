@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from fencegate.migrations import migrate
+from fencegate.store import GatewayStore, open_gateway_store
 from tests.support import postgres
 
 
@@ -46,3 +47,13 @@ def store_url(store_kind: str, request: pytest.FixtureRequest) -> Iterator[str]:
     """The same test once on SQLite and once on PostgreSQL."""
     fixture = "sqlite_url" if store_kind == "sqlite" else "pg_url"
     yield request.getfixturevalue(fixture)
+
+
+@pytest.fixture
+async def store(store_url: str) -> AsyncIterator[GatewayStore]:
+    """The gateway's store on a fresh database, once per store kind."""
+    gateway_store = await open_gateway_store(store_url, run_migrations=False)
+    try:
+        yield gateway_store
+    finally:
+        await gateway_store.close()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import AsyncIterator
 from urllib.parse import urlsplit, urlunsplit
 
 import orjson
@@ -23,15 +22,6 @@ from fencegate.routes import RoutePolicy
 from fencegate.store import GatewayStore, open_gateway_store
 from fencegate.types import IncomingRequest
 from tests.support.net import TcpRelay
-
-
-@pytest.fixture
-async def store(store_url: str) -> AsyncIterator[GatewayStore]:
-    store = await open_gateway_store(store_url, run_migrations=False)
-    try:
-        yield store
-    finally:
-        await store.close()
 
 
 def request(key: str = "k", *, fence: int | None = None, body: bytes = b"{}") -> IncomingRequest:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 from dataclasses import replace
 
 import pytest
@@ -18,16 +17,6 @@ from fencegate.store import (
     StoredResponse,
     open_gateway_store,
 )
-
-
-@pytest.fixture
-async def store(store_url: str) -> AsyncIterator[GatewayStore]:
-    store = await open_gateway_store(store_url, run_migrations=False)
-    try:
-        yield store
-    finally:
-        await store.close()
-
 
 T = 30.0  # generous: the machine is shared
 

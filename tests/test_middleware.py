@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import AsyncIterator
 
 import httpx
 import pytest
@@ -18,21 +17,12 @@ from fencegate import FenceGateMiddleware
 from fencegate.fingerprint import request_fingerprint
 from fencegate.problems import Problem
 from fencegate.routes import EntityRule, RoutePolicy
-from fencegate.store import DecideRequest, GatewayStore, Outcome, open_gateway_store
+from fencegate.store import DecideRequest, GatewayStore, Outcome
 from fencegate.types import IncomingRequest, NonceStore
 from tests.support.asgi import Answer, call
 from tests.support.echo_app import EchoApp
 
 PROBLEM = "application/problem+json"
-
-
-@pytest.fixture
-async def store(store_url: str) -> AsyncIterator[GatewayStore]:
-    store = await open_gateway_store(store_url, run_migrations=False)
-    try:
-        yield store
-    finally:
-        await store.close()
 
 
 @pytest.fixture

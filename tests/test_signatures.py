@@ -7,7 +7,6 @@ import datetime
 import hashlib
 import hmac
 import os
-from collections.abc import AsyncIterator
 from urllib.parse import urlsplit
 
 import httpx
@@ -19,7 +18,7 @@ from http_message_signatures import ContentDigest
 from fencegate.middleware import FenceGateMiddleware
 from fencegate.problems import Problem
 from fencegate.signatures import HttpSigner, SignatureAuthenticator, load_authenticator
-from fencegate.store import GatewayStore, open_gateway_store
+from fencegate.store import GatewayStore
 from fencegate.types import IncomingRequest, Receive, Scope, Send
 
 SECRET = bytes(range(32))
@@ -86,15 +85,6 @@ def signed(
     headers = fenced_headers() if headers is None else headers
     signer.prepare_and_sign(method, url, headers, body, created=created)
     return headers, body
-
-
-@pytest.fixture
-async def store(store_url: str) -> AsyncIterator[GatewayStore]:
-    gateway_store = await open_gateway_store(store_url, run_migrations=False)
-    try:
-        yield gateway_store
-    finally:
-        await gateway_store.close()
 
 
 async def reject(
