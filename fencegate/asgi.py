@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fencegate.engine import GatewayResponse, body_too_large
+from fencegate.target import Target
 from fencegate.types import IncomingRequest, Receive, Scope, Send
 
 
@@ -40,7 +41,7 @@ async def read_body(scope: Scope, receive: Receive, *, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def incoming_request(scope: Scope, body: bytes) -> IncomingRequest:
+def incoming_request(scope: Scope, body: bytes, target: Target) -> IncomingRequest:
     authority = ""
     headers: list[tuple[str, str]] = []
     for name, value in scope["headers"]:
@@ -56,10 +57,11 @@ def incoming_request(scope: Scope, body: bytes) -> IncomingRequest:
         method=scope["method"],
         scheme=scope.get("scheme", "http"),
         authority=authority,
-        path=scope["path"],
-        query_string=scope.get("query_string", b"").decode("latin-1"),
+        path=target.raw_path,
+        query_string=target.raw_query,
         headers=tuple(headers),
         body=body,
+        decoded_path=target.route_path,
     )
 
 

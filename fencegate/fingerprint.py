@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 import hashlib
-from urllib.parse import parse_qsl, urlencode
 
 
 def sorted_query(query_string: str) -> str:
-    """The query in a canonical order, so ``?a=1&b=2`` and ``?b=2&a=1`` are one request."""
+    """The query's parameters as sent, in a canonical order, so ``?a=1&b=2`` and
+    ``?b=2&a=1`` are one request. Nothing is decoded: ``?x=%2F`` and ``?x=/`` are two
+    requests, as the upstream may read them differently."""
     if not query_string:
         return ""
-    pairs = parse_qsl(query_string, keep_blank_values=True)
-    return urlencode(sorted(pairs))
+    return "&".join(sorted(query_string.split("&")))
 
 
 def request_fingerprint(method: str, path: str, query_string: str, body: bytes) -> str:
-    """Hex SHA-256 over method, path, sorted query and body.
+    """Hex SHA-256 over method, the path as sent, sorted query and body.
 
     Each part is length-prefixed, so no two different requests can be spelled into the same
     byte string (a path may contain any character once decoded).

@@ -12,7 +12,7 @@ from fencegate.asgi import ClientDisconnected, incoming_request, read_body, send
 from fencegate.engine import Engine, Forward, GatewayResponse, problem_response, store_unavailable
 from fencegate.problems import Problem
 from fencegate.routes import RoutePolicy, RouteTable
-from fencegate.store.base import StoreUnavailable
+from fencegate.target import Target, invalid_target, scope_target
 from fencegate.types import (
     DEFAULT_TENANT,
     Authenticator,
@@ -27,6 +27,16 @@ logger = logging.getLogger("fencegate.gateway")
 
 # Builds the forward callable for one request under one route.
 ForwardFactory = Callable[[IncomingRequest, RoutePolicy], Forward]
+
+
+def route_request(routes: RouteTable, scope: Scope) -> tuple[Target, RoutePolicy]:
+    """The target as sent and the route those same bytes select; raises `Problem` 400
+    ``invalid-target`` for a target the upstream could read under another route."""
+    target = scope_target(scope)
+    policy = routes.match(target.route_path)
+    if target.encoded_slash and not policy.allow_encoded_slashes:
+        raise invalid_target(f"an encoded '/' in the path, which {policy.prefix} refuses")
+    return target, policy
 
 
 class Gate:
@@ -46,18 +56,26 @@ class Gate:
             frozenset(authenticator.stripped_headers) if authenticator is not None else frozenset()
         )
 
+    def route(self, scope: Scope) -> tuple[Target, RoutePolicy]:
+        return route_request(self.routes, scope)
+
     async def handle(
-        self, scope: Scope, receive: Receive, send: Send, make_forward: ForwardFactory
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        make_forward: ForwardFactory,
+        routed: tuple[Target, RoutePolicy] | None = None,
     ) -> None:
-        policy = self.routes.match(scope["path"])
         try:
+            target, policy = routed or self.route(scope)
             body = await read_body(scope, receive, limit=policy.max_body_bytes)
         except ClientDisconnected:
             return
         except Problem as problem:
             await self._send(send, problem_response(problem))
             return
-        request = incoming_request(scope, body)
+        request = incoming_request(scope, body, target)
         tenant = DEFAULT_TENANT
         if self.authenticator is not None:
             try:
@@ -65,7 +83,8 @@ class Gate:
             except Problem as problem:
                 await self._send(send, problem_response(problem))
                 return
-            except StoreUnavailable as exc:
+            except Exception as exc:
+                # The nonce could not be recorded (the store failed in whatever way).
                 logger.error("store unavailable while checking a signature nonce: %s", exc)
                 await self._send(send, problem_response(store_unavailable()))
                 return

@@ -14,9 +14,17 @@ import asyncio
 import logging
 from collections.abc import Iterable
 
-from fencegate.engine import Engine, Forward, UpstreamOutcomeUnknown, UpstreamResponse
-from fencegate.gate import ForwardFactory, Gate
+from fencegate.asgi import send_response
+from fencegate.engine import (
+    Engine,
+    Forward,
+    UpstreamOutcomeUnknown,
+    UpstreamResponse,
+    problem_response,
+)
+from fencegate.gate import ForwardFactory, Gate, route_request
 from fencegate.metrics import GatewayMetrics
+from fencegate.problems import Problem
 from fencegate.routes import RoutePolicy, RouteTable
 from fencegate.store import GatewayStore, open_gateway_store
 from fencegate.types import ASGIApp, Authenticator, IncomingRequest, Message, Receive, Scope, Send
@@ -66,13 +74,17 @@ class FenceGateMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        if self._authenticator is None and not self._routes.match(scope["path"]).guards(
-            scope["method"]
-        ):
+        try:
+            routed = route_request(self._routes, scope)
+        except Problem as problem:
+            self.metrics.count("invalid_target")
+            await send_response(send, problem_response(problem, "invalid_target"))
+            return
+        if self._authenticator is None and not routed[1].guards(scope["method"]):
             await self.app(scope, receive, send)
             return
         gate = self._gate or await self._open()
-        await gate.handle(scope, receive, send, self._forwarder(scope, receive))
+        await gate.handle(scope, receive, send, self._forwarder(scope, receive), routed)
 
     async def _open(self) -> Gate:
         async with self._opening:
@@ -90,7 +102,10 @@ class FenceGateMiddleware:
                 )
             return self._gate
 
-    async def close(self) -> None:
+    async def close(self, *, grace: float = 10.0) -> None:
+        if self._gate is not None:
+            # Answers the store has not taken yet: keep trying within the grace period.
+            await self._gate.engine.pending.drain(grace=grace)
         if self._owns_store and self._store is not None:
             await self._store.close()
             self._store = None

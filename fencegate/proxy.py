@@ -12,6 +12,7 @@ import logging
 from urllib.parse import urlsplit
 
 import aiohttp
+import yarl
 from multidict import CIMultiDict
 
 from fencegate.engine import (
@@ -22,11 +23,11 @@ from fencegate.engine import (
     UpstreamResponse,
 )
 from fencegate.gate import Gate
+from fencegate.health import StoreHealth
 from fencegate.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from fencegate.metrics import GatewayMetrics
 from fencegate.problems import Problem
 from fencegate.routes import RoutePolicy
-from fencegate.store.base import GatewayStore, StoreUnavailable
 from fencegate.types import IncomingRequest, Scope, Send
 
 logger = logging.getLogger("fencegate.gateway")
@@ -75,12 +76,13 @@ class UpstreamClient:
             raise RuntimeError("the upstream client is not started")
         upstream = policy.upstream
         query = f"?{request.query_string}" if request.query_string else ""
-        url = f"{upstream}{request.path}{query}"
+        # The target byte for byte as received: yarl must not re-encode or normalise it.
+        url = yarl.URL(f"{upstream}{request.path}{query}", encoded=True) if upstream else None
         headers = forwarded_headers(request, upstream or "")
         head = request.method == "HEAD"
 
         async def forward(timeout: float) -> UpstreamResponse:
-            if upstream is None:
+            if url is None:
                 raise UpstreamRefused(f"no upstream is configured for {policy.prefix}")
             client_timeout = self._timeouts.get(timeout)
             if client_timeout is None:
@@ -139,15 +141,13 @@ class ReverseProxy:
         *,
         gate: Gate,
         client: UpstreamClient,
-        store: GatewayStore,
+        health: StoreHealth,
         metrics: GatewayMetrics,
-        store_timeout: float,
     ) -> None:
         self.gate = gate
         self.client = client
-        self.store = store
+        self.health = health
         self.metrics = metrics
-        self.store_timeout = store_timeout
 
     async def __call__(self, scope: Scope, receive: object, send: Send) -> None:
         if scope["type"] != "http":
@@ -163,14 +163,11 @@ class ReverseProxy:
         await self.gate.handle(scope, receive, send, self.client.forwarder)  # type: ignore[arg-type]
 
     async def _healthz(self, send: Send) -> None:
-        try:
-            await self.store.ping(timeout=self.store_timeout)
-        except (TimeoutError, StoreUnavailable) as exc:
-            logger.warning("health check failed: %s", exc)
-            problem = Problem(
-                503, "store-unavailable", "Store unavailable", "the store did not answer a ping"
-            )
-            await _send_plain(send, 503, problem.body(), "application/problem+json")
+        problem = await self.health.problem()
+        if problem is not None:
+            logger.warning("health check failed: %s", problem)
+            body = Problem(503, "store-unavailable", "Store unavailable", problem).body()
+            await _send_plain(send, 503, body, "application/problem+json")
             return
         await _send_plain(send, 200, b'{"status":"ok"}', "application/json")
 

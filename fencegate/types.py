@@ -27,10 +27,17 @@ class IncomingRequest:
     method: str
     scheme: str
     authority: str  # host[:port] as the client addressed it
-    path: str  # decoded path, without the query
+    path: str  # the path as sent (percent-encoded), without the query
     query_string: str  # raw query string, without "?"
     headers: tuple[tuple[str, str], ...]
     body: bytes
+    # The path as the upstream reads it (percent-decoded; an encoded "/" stays "%2F"):
+    # routes and path entities use it. None: the same as ``path``.
+    decoded_path: str | None = None
+
+    @property
+    def route_path(self) -> str:
+        return self.path if self.decoded_path is None else self.decoded_path
 
     def header_values(self, name: str) -> list[str]:
         name = name.lower()

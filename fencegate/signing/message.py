@@ -1,29 +1,27 @@
 """The request as the signature library reads it, built the same way on both sides.
 
-Signer and gateway must derive ``@target-uri`` from the same string. The gateway only sees
-the decoded path and the Host it was addressed by, so both sides normalise the URL the
-same way before it enters the signature base:
+Signer and gateway must derive ``@target-uri`` from the same string. RFC 9421 signs the
+target as sent, and the gateway forwards it byte for byte, so the path and the query enter
+the signature base exactly as they are on the wire (``%2F`` and ``/`` are different targets).
+Only the origin is normalised, since the gateway knows it from the Host it was addressed by:
 
 - scheme and host in lower case, the scheme's default port removed;
-- the path percent-decoded, then encoded again with upper-case hex, leaving RFC 3986
-  unreserved characters, sub-delims, ``:``, ``@`` and ``/`` as they are;
-- the query exactly as sent.
+- an empty path is ``/`` (what a client sends for it).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, MutableMapping
 from dataclasses import dataclass
-from urllib.parse import quote, unquote, urlsplit
+from urllib.parse import urlsplit
 
 from fencegate.types import IncomingRequest
 
 _DEFAULT_PORTS = {"http": "80", "https": "443"}
-_PATH_SAFE = "/:@!$&'()*+,;=-._~"
 
 
 def normalize_path(path: str) -> str:
-    return quote(unquote(path), safe=_PATH_SAFE) or "/"
+    return path or "/"
 
 
 def normalize_origin(scheme: str, authority: str) -> str:
@@ -59,7 +57,7 @@ def incoming_target_uri(request: IncomingRequest, *, public_base_url: str | None
     path = normalize_path(request.path)
     if public_base_url:
         base = urlsplit(public_base_url)
-        prefix = normalize_path(base.path).rstrip("/") if base.path not in ("", "/") else ""
+        prefix = base.path.rstrip("/")
         return normalize_origin(base.scheme, base.netloc) + prefix + path + query
     return normalize_origin(request.scheme, request.authority) + path + query
 

@@ -88,6 +88,7 @@ class UpstreamApp:
         answer: dict[str, Any] = {
             "method": scope["method"],
             "path": path,
+            "raw_path": bytes(scope.get("raw_path") or b"").decode("latin-1"),
             "query": scope["query_string"].decode("latin-1"),
             "headers": headers,
             "body_length": len(body),
