@@ -34,7 +34,8 @@ class Route(BaseModel):
     timeout: float | None = Field(default=None, gt=0)
     stored_statuses: list[int] | None = None
     store_5xx: bool = False
-    on_unknown: Literal["retry", "reject"] = "retry"
+    on_unknown: Literal["retry", "reject"] = "reject"
+    allow_encoded_slashes: bool = False
     max_body_bytes: int | None = Field(default=None, gt=0)
     max_stored_body_bytes: int = Field(default=1024 * 1024, ge=0)
     key_ttl_seconds: float | None = Field(default=None, gt=0)
@@ -90,6 +91,7 @@ class Route(BaseModel):
             else None,
             store_5xx=self.store_5xx,
             on_unknown=self.on_unknown,
+            allow_encoded_slashes=self.allow_encoded_slashes,
             max_body_bytes=self.max_body_bytes or settings.max_body_bytes,
             max_stored_body_bytes=self.max_stored_body_bytes,
             key_ttl_seconds=self.key_ttl_seconds or settings.key_ttl_seconds,
@@ -119,6 +121,8 @@ class GatewaySettings(BaseSettings):
     upstream_timeout: float = Field(default=30.0, gt=0)
     store_timeout: float = Field(default=2.0, gt=0)
     store_pool_size: int = Field(default=20, gt=0)
+    # On SIGTERM, how long to keep trying to record answers the store has not taken yet.
+    shutdown_grace_seconds: float = Field(default=10.0, ge=0)
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
     workers: int = Field(default=1, ge=1)
 

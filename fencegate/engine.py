@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 import logging
 import math
 import os
@@ -18,11 +19,13 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from fencegate import headers as h
 from fencegate.fingerprint import request_fingerprint
 from fencegate.metrics import GatewayMetrics
 from fencegate.problems import Problem
+from fencegate.recorder import OwedWrite, PendingWrites, Write
 from fencegate.routes import RoutePolicy, entity_missing
 from fencegate.store.base import (
     DecideRequest,
@@ -51,6 +54,11 @@ HOP_BY_HOP = frozenset(
         "upgrade",
     }
 )
+# 424 Failed Dependency: this request depends on an earlier attempt whose outcome is
+# unknown. Neither the idempotency draft nor the common SDKs (Stripe, urllib3, httpx retry
+# transports) treat it as "retry later".
+OUTCOME_UNKNOWN_STATUS = 424
+
 # Never replayed: per-connection, per-moment or per-user state of the first answer.
 NOT_REPLAYED = HOP_BY_HOP | {"set-cookie", "date", "content-length"}
 
@@ -115,6 +123,12 @@ class Engine:
         self.renew_every = self.lease_seconds / 3
         self.store_timeout = float(store_timeout)
         self.metrics = metrics
+        # Writes owed to the store after the upstream acted, kept trying in the background.
+        self.pending = PendingWrites()
+        # Each reservation gets its own holder name (instance/request number): attempts
+        # restart at 1 once a key is released, and an answer still owed for an earlier
+        # reservation must never complete a later one.
+        self._reservations = itertools.count(1)
 
     async def handle(
         self,
@@ -157,13 +171,14 @@ class Engine:
                 "Fence required",
                 f"{request.method} {policy.prefix} requires an X-Execution-Fence header",
             )
-        entity = policy.entity.derive(request.path, request.body, entity_header)
+        entity = policy.entity.derive(request.route_path, request.body, entity_header)
         if fence is not None and entity is None:
             raise entity_missing(policy.entity)
         if key is None and fence is None:
             return await self._relay(forward, policy, "passthrough")
 
         # Steps 3 and 4: one transaction in the store.
+        owner = f"{self.owner}/{next(self._reservations)}"
         decision = await self._decide(
             DecideRequest(
                 tenant=tenant,
@@ -175,7 +190,7 @@ class Engine:
                 else "",
                 entity=entity,
                 fence=fence,
-                owner=self.owner,
+                owner=owner,
                 lease_seconds=self.lease_seconds,
                 ttl_seconds=policy.key_ttl_seconds,
                 retry_unknown=policy.on_unknown == "retry",
@@ -198,28 +213,22 @@ class Engine:
                 "this Idempotency-Key was first used with a different method, path, query or body",
             )
         if outcome is Outcome.IN_FLIGHT:
-            raise in_flight(decision)
+            raise in_flight(decision, policy.timeout)
         if outcome is Outcome.UNKNOWN:
-            raise Problem(
-                409,
-                "outcome-unknown",
-                "Outcome unknown",
-                "an earlier attempt with this Idempotency-Key may have run upstream but its "
-                "answer never arrived; this route does not retry it until an operator "
-                "resolves the key",
-            )
+            raise outcome_unknown(decision, tenant, key)
         if outcome is Outcome.TAKEN_OVER:
             logger.warning("took over in-flight key %r whose lease had expired", key)
         assert decision.attempt is not None
-        reservation = Reservation(tenant, key, self.owner, decision.attempt)
+        reservation = Reservation(tenant, key, owner, decision.attempt)
         return await self._execute(reservation, forward, policy)
 
     async def _decide(self, request: DecideRequest) -> Decision:
         started = time.perf_counter()
         try:
             return await self.store.decide(request, timeout=self.store_timeout)
-        except StoreUnavailable as exc:
-            logger.error("store unavailable, refusing the request: %s", exc)
+        except Exception as exc:
+            # Whatever failed at the store boundary, nothing was decided: fail closed.
+            logger.error("store unavailable, refusing the request: %s", describe(exc))
             raise store_unavailable() from exc
         finally:
             self._store_latency("decide", started)
@@ -238,28 +247,33 @@ class Engine:
         self, reservation: Reservation, forward: Forward, policy: RoutePolicy
     ) -> GatewayResponse:
         """Steps 5 and 6: forward while holding the lease, then record what happened."""
+        timeout = self.store_timeout
+        store = self.store
         try:
             answer = await self._forward_holding(reservation, forward, policy)
         except UpstreamRefused as exc:
             released = await self._record(
-                "release", self.store.release(reservation, timeout=self.store_timeout)
+                "release", reservation, lambda: store.release(reservation, timeout=timeout), policy
             )
             raise upstream_unreachable(exc, released=released) from exc
         except UpstreamOutcomeUnknown as exc:
             marked = await self._record(
-                "mark_unknown", self.store.mark_unknown(reservation, timeout=self.store_timeout)
+                "mark_unknown",
+                reservation,
+                lambda: store.mark_unknown(reservation, timeout=timeout),
+                policy,
             )
-            raise upstream_timeout(exc, recorded=marked) from exc
+            raise upstream_timeout(exc, reservation, recorded=marked) from exc
         except Exception:
             # An in-process app that raised is a 500 that was not stored: a retry runs again.
             await self._record(
-                "release", self.store.release(reservation, timeout=self.store_timeout)
+                "release", reservation, lambda: store.release(reservation, timeout=timeout), policy
             )
             raise
 
         if not policy.stores(answer.status):
             await self._record(
-                "release", self.store.release(reservation, timeout=self.store_timeout)
+                "release", reservation, lambda: store.release(reservation, timeout=timeout), policy
             )
             return GatewayResponse(answer.status, answer.headers, answer.body, "released")
 
@@ -271,27 +285,47 @@ class Engine:
         )
         await self._record(
             "complete",
-            self.store.complete(reservation, stored, timeout=self.store_timeout),
+            reservation,
+            lambda: store.complete(reservation, stored, timeout=timeout),
+            policy,
         )
         return GatewayResponse(answer.status, answer.headers, answer.body, "forwarded")
 
-    async def _record(self, operation: str, call: Awaitable[bool]) -> bool:
-        """Record an outcome. The upstream has already acted, so a failure here is logged
-        and the answer still goes to the client; the reservation's lease then expires and a
-        retry forwards again with the same key, for the upstream to deduplicate."""
+    async def _record(
+        self, operation: str, reservation: Reservation, write: Write, policy: RoutePolicy
+    ) -> bool:
+        """Record what the upstream did. It has already acted, so the answer goes to the
+        client whatever happens here; a write the store could not take is kept and tried
+        again in the background (never dropped), conditional on still holding the key."""
         started = time.perf_counter()
         try:
-            if await call:
+            if await write():
                 return True
             logger.warning(
-                "could not %s the reservation: its lease expired and another holder took it over",
+                "could not %s key %r: its lease expired and another holder took it over",
                 operation,
+                reservation.key,
             )
-        except StoreUnavailable as exc:
-            logger.error("store unavailable, could not %s the reservation: %s", operation, exc)
+            return False
+        except Exception as exc:
+            logger.error(
+                "store unavailable, will keep trying to %s key %r (tenant %r): %s",
+                operation,
+                reservation.key,
+                reservation.tenant,
+                describe(exc),
+            )
+            self.pending.keep_trying(
+                OwedWrite(
+                    operation,
+                    reservation,
+                    write,
+                    give_up_at=time.monotonic() + policy.key_ttl_seconds,
+                )
+            )
+            return False
         finally:
             self._store_latency(operation, started)
-        return False
 
     async def _forward_holding(
         self, reservation: Reservation, forward: Forward, policy: RoutePolicy
@@ -320,9 +354,9 @@ class Engine:
                 renewed = await self.store.renew(
                     reservation, self.lease_seconds, timeout=self.store_timeout
                 )
-            except StoreUnavailable as exc:
+            except Exception as exc:
                 logger.warning(
-                    "could not renew the in-flight lease of %r: %s", reservation.key, exc
+                    "could not renew the in-flight lease of %r: %s", reservation.key, describe(exc)
                 )
             else:
                 if not renewed:
@@ -345,6 +379,10 @@ class Engine:
     def _store_latency(self, operation: str, started: float) -> None:
         if self.metrics is not None:
             self.metrics.store_latency(operation).observe(time.perf_counter() - started)
+
+
+def describe(exc: BaseException) -> str:
+    return str(exc) if isinstance(exc, StoreUnavailable) else f"{type(exc).__name__}: {exc}"
 
 
 def replay(stored: StoredResponse, key: str) -> GatewayResponse:
@@ -387,8 +425,11 @@ def stale_fence(fence: int | None, last_accepted: int | None, entity: str | None
     )
 
 
-def in_flight(decision: Decision) -> Problem:
-    seconds = max(1, math.ceil(decision.retry_after or 1.0))
+def in_flight(decision: Decision, upstream_timeout: float) -> Problem:
+    """Retry-After is how long the first request may still take (its upstream deadline),
+    at least a second: never the whole lease, which a client would wait out for nothing."""
+    left = upstream_timeout - (decision.reserved_age or 0.0)
+    seconds = max(1, math.ceil(left))
     return Problem(
         409,
         "in-flight",
@@ -396,6 +437,46 @@ def in_flight(decision: Decision) -> Problem:
         "a request with this Idempotency-Key is still being processed; retry after it ends",
         headers={"Retry-After": str(seconds)},
         retry_after=seconds,
+    )
+
+
+def outcome_unknown(decision: Decision, tenant: str, key: str) -> Problem:
+    """Not "retry later" (409) nor a server error (5xx): common SDKs retry both on their own,
+    and a retry cannot help until an operator has resolved the key."""
+    if decision.key_state == "in_flight":
+        reason = "lease_expired"
+        why = (
+            "the gateway that forwarded it stopped, or could not record the answer, before "
+            "its in-flight lease ran out"
+        )
+    else:
+        reason = "upstream_timeout"
+        why = "the upstream did not answer in time, or the connection was lost after sending"
+    since = (
+        datetime.fromtimestamp(decision.unknown_since, UTC).isoformat(timespec="seconds")
+        if decision.unknown_since is not None
+        else None
+    )
+    return Problem(
+        OUTCOME_UNKNOWN_STATUS,
+        "outcome-unknown",
+        "Outcome unknown",
+        f"an earlier attempt with this Idempotency-Key was forwarded and may have run "
+        f"upstream, but its answer was never recorded: {why}. It is not forwarded again. "
+        f"An operator resolves the key by recording the upstream's real answer "
+        f"(fencegate keys resolve KEY --tenant TENANT --completed --status N --body @file) "
+        f"or by releasing it so that the next request runs again "
+        f"(fencegate keys resolve KEY --tenant TENANT --release).",
+        key=key,
+        tenant=tenant,
+        key_state="outcome_unknown",
+        reason=reason,
+        since=since,
+        attempt=decision.attempt,
+        resolve=[
+            f"fencegate keys resolve {key} --tenant {tenant} --completed --status N",
+            f"fencegate keys resolve {key} --tenant {tenant} --release",
+        ],
     )
 
 
@@ -422,8 +503,19 @@ def upstream_unreachable(exc: BaseException, *, released: bool) -> Problem:
     )
 
 
-def upstream_timeout(exc: BaseException, *, recorded: bool) -> Problem:
-    logger.warning("upstream outcome unknown: %s", exc)
+def upstream_timeout(
+    exc: BaseException, reservation: Reservation | None = None, *, recorded: bool
+) -> Problem:
+    if reservation is None:
+        logger.warning("upstream outcome unknown (no key): %s", exc)
+    else:
+        logger.warning(
+            "upstream outcome unknown for key %r (tenant %r, attempt %d): %s",
+            reservation.key,
+            reservation.tenant,
+            reservation.attempt,
+            exc,
+        )
     after = "; the key is marked outcome unknown" if recorded else ""
     return Problem(
         504,

@@ -100,7 +100,11 @@ class RoutePolicy:
     timeout: float = 30.0
     stored_statuses: frozenset[int] | None = None  # None: every status below 500
     store_5xx: bool = False
-    on_unknown: Literal["retry", "reject"] = "retry"
+    # reject: an unknown outcome is never forwarded again (safe for any upstream); retry:
+    # forwarded again with the same key, only for upstreams that deduplicate by it.
+    on_unknown: Literal["retry", "reject"] = "reject"
+    # A "%2F" in a path is refused unless the route says its upstream reads it as data.
+    allow_encoded_slashes: bool = False
     max_body_bytes: int = 10 * 1024 * 1024
     max_stored_body_bytes: int = 1024 * 1024
     key_ttl_seconds: float = 24 * 3600.0

@@ -67,7 +67,7 @@ async def test_refused_upstream_is_502_and_releases_the_key(store: GatewayStore)
     assert upstream.calls == 2
 
 
-@pytest.mark.parametrize(("on_unknown", "status"), [("reject", 409), ("retry", 200)])
+@pytest.mark.parametrize(("on_unknown", "status"), [("reject", 424), ("retry", 200)])
 async def test_lost_connection_is_504_outcome_unknown(
     store: GatewayStore, on_unknown: str, status: int
 ):

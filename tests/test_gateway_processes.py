@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import sqlite3
+import subprocess
+import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -24,8 +27,10 @@ import pytest
 
 from fencegate.dburl import parse_database_url
 from fencegate.problems import PROBLEM_CONTENT_TYPE, PROBLEM_TYPE_BASE
+from fencegate.store import KeyRecord, open_gateway_store
 from tests.support.gateway import GatewayProcess
 from tests.support.net import TcpRelay
+from tests.support.processes import child_env
 from tests.support.upstream import UpstreamProcess
 
 pytestmark = pytest.mark.timeout(180)
@@ -199,16 +204,102 @@ async def test_concurrent_copies_run_once_across_two_gateways(
 LEASE_SECONDS = 3
 
 
-async def test_killed_gateway_leaves_key_that_another_takes_over_after_the_lease(
-    pg_url: str, upstream: UpstreamProcess, client: httpx.AsyncClient
+async def key_record(database_url: str, key: str) -> KeyRecord | None:
+    """One key as `fencegate keys show` reads it, on either store."""
+    store = await open_gateway_store(database_url, run_migrations=False, pool_max_size=1)
+    try:
+        return await store.get_key("default", key, timeout=30)
+    finally:
+        await store.close()
+
+
+async def wait_for_key(
+    database_url: str, key: str, accept: Callable[[KeyRecord], bool], *, timeout: float
+) -> KeyRecord:
+    deadline = time.monotonic() + timeout
+    while True:
+        record = await key_record(database_url, key)
+        if record is not None and accept(record):
+            return record
+        assert time.monotonic() < deadline, f"key {key!r} never got there; last: {record}"
+        await asyncio.sleep(0.1)
+
+
+def retry_routes(path: Path) -> Path:
+    path.write_text('[[routes]]\nprefix = "/"\non_unknown = "retry"\n', encoding="utf-8")
+    return path
+
+
+async def test_killed_gateway_leaves_an_unknown_outcome_that_is_never_forwarded_again(
+    store_url: str, upstream: UpstreamProcess, client: httpx.AsyncClient, tmp_path: Path
 ) -> None:
-    key = new_key("crash")
+    """Default settings: once the dead gateway's lease has run out, the key is an unknown
+    outcome, answered 424 and never forwarded again until an operator resolves it."""
+    key = new_key("crash-reject")
     with (
         GatewayProcess(
-            upstream=upstream.url, database_url=pg_url, inflight_lease_seconds=LEASE_SECONDS
+            upstream=upstream.url, database_url=store_url, inflight_lease_seconds=LEASE_SECONDS
         ) as doomed,
         GatewayProcess(
-            upstream=upstream.url, database_url=pg_url, inflight_lease_seconds=LEASE_SECONDS
+            upstream=upstream.url, database_url=store_url, inflight_lease_seconds=LEASE_SECONDS
+        ) as survivor,
+    ):
+        in_flight = asyncio.create_task(
+            post(client, doomed.url, key, headers={"X-Upstream-Delay": "60"})
+        )
+        assert await upstream.await_count(key, 1, timeout=30) == 1
+        doomed.kill()
+        with pytest.raises(httpx.TransportError):
+            await in_flight
+
+        await wait_for_key(store_url, key, lambda r: r.unknown, timeout=LEASE_SECONDS + 30)
+        for _ in range(2):
+            answer = await post(client, survivor.url, key)
+            assert answer.status_code == 424, answer.text
+            assert problem_kind(answer) == "outcome-unknown"
+            assert answer.json()["reason"] == "lease_expired"
+        assert await upstream.acount(key) == 1
+
+        # The operator learns the upstream did charge, and records its answer.
+        resolved = await run_command(
+            "keys", "resolve", key, "--database-url", store_url, "--completed",
+            "--status", "201", "--body", '{"id": "ch_1"}',
+        )  # fmt: skip
+        assert resolved.returncode == 0, resolved.stderr
+        replay = await post(client, survivor.url, key)
+        assert replay.status_code == 201 and replay.json() == {"id": "ch_1"}
+        assert replay.headers["idempotent-replayed"] == "true"
+        assert await upstream.acount(key) == 1
+
+
+async def run_command(*args: str) -> subprocess.CompletedProcess[str]:
+    return await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "fencegate.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=child_env(),
+    )
+
+
+async def test_killed_gateway_leaves_key_that_another_takes_over_where_the_route_retries(
+    pg_url: str, upstream: UpstreamProcess, client: httpx.AsyncClient, tmp_path: Path
+) -> None:
+    key = new_key("crash")
+    routes = retry_routes(tmp_path / "routes.toml")
+    with (
+        GatewayProcess(
+            upstream=upstream.url,
+            database_url=pg_url,
+            inflight_lease_seconds=LEASE_SECONDS,
+            config=routes,
+        ) as doomed,
+        GatewayProcess(
+            upstream=upstream.url,
+            database_url=pg_url,
+            inflight_lease_seconds=LEASE_SECONDS,
+            config=routes,
         ) as survivor,
     ):
         # Headers are not part of the fingerprint: the same request, once slow.
@@ -284,11 +375,7 @@ async def test_postgres_unreachable_fails_closed_then_recovers(
     upstream: UpstreamProcess,
     client: httpx.AsyncClient,
 ) -> None:
-    with GatewayProcess(
-        upstream=upstream.url,
-        database_url=relayed(pg_url, pg_relay),
-        env={"FENCEGATE_STORE_TIMEOUT": STORE_TIMEOUT},
-    ) as gateway:
+    with short_store_timeout_gateway(upstream, relayed(pg_url, pg_relay)) as gateway:
         warm = await post(client, gateway.url, new_key("warm"), fence=1, entity="order:warm")
         assert is_forwarded(warm), warm.text
         executed_before = (await upstream.astats())["requests"]
@@ -312,6 +399,21 @@ async def test_postgres_unreachable_fails_closed_then_recovers(
         assert await upstream.acount(key) == 1
 
 
+def short_store_timeout_gateway(upstream: UpstreamProcess, database_url: str) -> GatewayProcess:
+    """A gateway that notices a dead store within a second."""
+    return GatewayProcess(
+        upstream=upstream.url,
+        database_url=database_url,
+        env={"FENCEGATE_STORE_TIMEOUT": STORE_TIMEOUT},
+    )
+
+
+def sqlite_path(url: str) -> Path:
+    path = parse_database_url(url).sqlite_path
+    assert path is not None
+    return path
+
+
 @contextlib.contextmanager
 def exclusive_lock(path: Path) -> Iterator[None]:
     """Another process's writer holding SQLite's lock: the store cannot be written."""
@@ -327,13 +429,8 @@ def exclusive_lock(path: Path) -> Iterator[None]:
 async def test_sqlite_locked_past_store_timeout_fails_closed_then_recovers(
     sqlite_url: str, upstream: UpstreamProcess, client: httpx.AsyncClient
 ) -> None:
-    path = parse_database_url(sqlite_url).sqlite_path
-    assert path is not None
-    with GatewayProcess(
-        upstream=upstream.url,
-        database_url=sqlite_url,
-        env={"FENCEGATE_STORE_TIMEOUT": STORE_TIMEOUT},
-    ) as gateway:
+    path = sqlite_path(sqlite_url)
+    with short_store_timeout_gateway(upstream, sqlite_url) as gateway:
         warm = await post(client, gateway.url, new_key("warm"))
         assert is_forwarded(warm), warm.text
         executed_before = (await upstream.astats())["requests"]
@@ -410,7 +507,7 @@ async def test_upstream_timeout_is_504_then_retry_or_reject_per_route(
                 assert await upstream.acount(key) == 2
                 assert again.json()["key"] == key
             else:
-                assert again.status_code == 409, again.text
+                assert again.status_code == 424, again.text
                 assert problem_kind(again) == "outcome-unknown"
                 assert await upstream.acount(key) == 1
 
@@ -430,19 +527,13 @@ async def test_upstream_5xx_is_relayed_and_released(
         assert await upstream.acount(key) == 2
 
 
-async def test_store_lost_while_forwarding_keeps_the_key_until_its_lease_runs_out(
+async def test_answer_the_store_could_not_take_is_recorded_when_postgres_returns(
     pg_url: str, pg_relay: TcpRelay, upstream: UpstreamProcess, client: httpx.AsyncClient
 ) -> None:
-    """The upstream acted but the answer could not be recorded: the key stays reserved (no
-    second execution while the lease lives), then a retry forwards again with the same key
-    for the upstream to deduplicate."""
-    lease = 8
-    with GatewayProcess(
-        upstream=upstream.url,
-        database_url=relayed(pg_url, pg_relay),
-        inflight_lease_seconds=lease,
-        env={"FENCEGATE_STORE_TIMEOUT": STORE_TIMEOUT},
-    ) as gateway:
+    """The upstream acted but the store was cut before the answer could be recorded: the
+    caller still gets the answer, the gateway keeps trying, and once the store is back the
+    retry is a replay: one execution."""
+    with short_store_timeout_gateway(upstream, relayed(pg_url, pg_relay)) as gateway:
         key = new_key("store-lost-midway")
         first = asyncio.create_task(
             post(client, gateway.url, key, headers={"X-Upstream-Delay": "2"})
@@ -452,23 +543,56 @@ async def test_store_lost_while_forwarding_keeps_the_key_until_its_lease_runs_ou
         answer = await first
         # The upstream's answer still reaches the caller.
         assert is_forwarded(answer), answer.text
-        pg_relay.heal()
         [row] = await key_rows(pg_url, key)
-        assert row["state"] == "in_flight" and row["live"], row
+        assert row["state"] == "in_flight", row
 
-        retried = await post(client, gateway.url, key)
-        [still] = await key_rows(pg_url, key)
-        assert still["live"], "the lease ran out before the retry; machine too slow?"
-        assert is_in_flight(retried), retried.text
+        pg_relay.heal()
+        await wait_for_key(pg_url, key, lambda r: r.state == "completed", timeout=30)
+        replay = await post(client, gateway.url, key)
+        assert is_replay(replay), replay.text
+        assert replay.content == answer.content
         assert await upstream.acount(key) == 1
 
-        again = await poll_until(
-            lambda: post(client, gateway.url, key),
-            lambda r: r.status_code != 409,
-            timeout=lease + 30,
+
+async def test_answer_the_sqlite_store_could_not_take_is_recorded_when_the_lock_is_freed(
+    sqlite_url: str, upstream: UpstreamProcess, client: httpx.AsyncClient
+) -> None:
+    path = sqlite_path(sqlite_url)
+    with short_store_timeout_gateway(upstream, sqlite_url) as gateway:
+        key = new_key("sqlite-lost-midway")
+        first = asyncio.create_task(
+            post(client, gateway.url, key, headers={"X-Upstream-Delay": "2"})
         )
-        assert is_forwarded(again), again.text
-        assert again.json()["key"] == key
-        assert await upstream.acount(key) == 2
+        assert await upstream.await_count(key, 1, timeout=30) == 1
+        with exclusive_lock(path):
+            answer = await first
+            assert is_forwarded(answer), answer.text
+        await wait_for_key(sqlite_url, key, lambda r: r.state == "completed", timeout=30)
         replay = await post(client, gateway.url, key)
-        assert is_replay(replay) and replay.content == again.content
+        assert is_replay(replay) and replay.content == answer.content
+        assert await upstream.acount(key) == 1
+
+
+async def test_sigterm_records_the_answers_still_owed_within_the_grace_period(
+    pg_url: str, pg_relay: TcpRelay, upstream: UpstreamProcess, client: httpx.AsyncClient
+) -> None:
+    gateway = GatewayProcess(
+        upstream=upstream.url,
+        database_url=relayed(pg_url, pg_relay),
+        env={"FENCEGATE_STORE_TIMEOUT": STORE_TIMEOUT, "FENCEGATE_SHUTDOWN_GRACE_SECONDS": "60"},
+    )
+    with gateway:
+        key = new_key("sigterm-owed")
+        first = asyncio.create_task(
+            post(client, gateway.url, key, headers={"X-Upstream-Delay": "2"})
+        )
+        assert await upstream.await_count(key, 1, timeout=30) == 1
+        pg_relay.cut()
+        assert is_forwarded(await first)
+        gateway.signal(signal.SIGTERM)
+        pg_relay.heal()
+        # uvicorn ends a graceful shutdown by raising the signal it caught again.
+        assert await asyncio.to_thread(gateway.wait_exit, timeout=60) in (0, -signal.SIGTERM)
+        assert "recorded complete of key" in gateway.log_text()
+        [row] = await key_rows(pg_url, key)
+        assert row["state"] == "completed", row

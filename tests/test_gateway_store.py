@@ -45,7 +45,8 @@ async def test_new_key_is_reserved_then_in_flight(store: GatewayStore):
     assert (first.outcome, first.attempt) == (Outcome.RESERVED, 1)
     second = await store.decide(replace(BASE, owner="gw-b"), timeout=T)
     assert second.outcome is Outcome.IN_FLIGHT
-    assert second.retry_after is not None and 0 < second.retry_after <= 30.0
+    # How long ago the first holder reserved it: the gateway turns it into Retry-After.
+    assert second.reserved_age is not None and 0 <= second.reserved_age < T
 
 
 async def test_completed_key_replays_what_was_stored(store: GatewayStore):
@@ -260,3 +261,87 @@ async def test_two_gateways_racing_on_shared_keys_and_entities_never_fail(store_
     assert Outcome.RESERVED in outcomes
     assert set(outcomes) <= {Outcome.RESERVED, Outcome.REPLAY, Outcome.IN_FLIGHT,
                              Outcome.STALE}  # fmt: skip
+
+
+# ------------------------------------------------------------------- unknown outcomes
+
+
+async def test_expired_in_flight_key_is_unknown_unless_the_route_retries(store: GatewayStore):
+    first = await store.decide(replace(BASE, lease_seconds=0.05), timeout=T)
+    await wait_until_unknown(store)
+    rejected = replace(BASE, owner="gw-b", retry_unknown=False)
+    for _ in range(2):  # read-only: asking again changes nothing
+        unknown = await store.decide(rejected, timeout=T)
+        assert unknown.outcome is Outcome.UNKNOWN
+        assert (unknown.key_state, unknown.attempt) == ("in_flight", first.attempt)
+        assert unknown.unknown_since is not None
+    taken = await store.decide(replace(BASE, owner="gw-b"), timeout=T)
+    assert (taken.outcome, taken.attempt) == (Outcome.TAKEN_OVER, 2)
+
+
+async def wait_until_unknown(store: GatewayStore) -> None:
+    deadline = asyncio.get_running_loop().time() + T
+    while True:
+        record = await store.get_key(BASE.tenant, BASE.key or "", timeout=T)
+        if record is not None and record.unknown:
+            return
+        assert asyncio.get_running_loop().time() < deadline, record
+        await asyncio.sleep(0.02)
+
+
+async def test_a_late_answer_completes_a_key_marked_unknown(store: GatewayStore):
+    first = await store.decide(BASE, timeout=T)
+    assert await store.mark_unknown(holder(first.attempt), timeout=T)
+    unknown = await store.decide(replace(BASE, retry_unknown=False), timeout=T)
+    assert (unknown.outcome, unknown.key_state) == (Outcome.UNKNOWN, "outcome_unknown")
+    # The same holder's answer, recorded late (the store was away), still lands.
+    assert await store.complete(holder(first.attempt), RESPONSE, timeout=T)
+    replay = await store.decide(replace(BASE, retry_unknown=False), timeout=T)
+    assert replay.outcome is Outcome.REPLAY and replay.response == RESPONSE
+
+
+async def test_a_late_answer_never_overwrites_a_new_holder(store: GatewayStore):
+    first = await store.decide(BASE, timeout=T)
+    assert await store.mark_unknown(holder(first.attempt), timeout=T)
+    retried = await store.decide(replace(BASE, owner="gw-b"), timeout=T)
+    assert retried.outcome is Outcome.RETRY_UNKNOWN
+    assert not await store.complete(holder(first.attempt), RESPONSE, timeout=T)
+    again = await store.decide(replace(BASE, owner="gw-c"), timeout=T)
+    assert again.outcome is Outcome.IN_FLIGHT
+
+
+async def test_an_operator_resolves_only_unknown_keys(store: GatewayStore):
+    assert await store.resolve_key("t1", "k", RESPONSE, resolved_by="op", timeout=T) == "not_found"
+    first = await store.decide(BASE, timeout=T)
+    # In flight under a live lease: not the operator's to decide.
+    live = await store.resolve_key("t1", "k", None, resolved_by="op", timeout=T)
+    assert live == "not_unknown"
+    assert await store.mark_unknown(holder(first.attempt), timeout=T)
+    done = await store.resolve_key("t1", "k", RESPONSE, resolved_by="operator:me", timeout=T)
+    assert done == "completed"
+    record = await store.get_key("t1", "k", timeout=T)
+    assert record is not None
+    assert (record.state, record.owner, record.response_status) == (
+        "completed",
+        "operator:me",
+        201,
+    )
+    replay = await store.decide(replace(BASE, retry_unknown=False), timeout=T)
+    assert replay.outcome is Outcome.REPLAY and replay.response is not None
+    assert replay.response.body == RESPONSE.body
+    assert await store.resolve_key("t1", "k", None, resolved_by="op", timeout=T) == "not_unknown"
+
+
+async def test_an_operator_releases_an_unknown_key_and_the_next_request_runs(
+    store: GatewayStore,
+):
+    # Each request a gateway reserves has its own owner (instance/request number), so an
+    # answer still owed for the released reservation can never complete the next one.
+    first = await store.decide(replace(BASE, owner="gw-a/1"), timeout=T)
+    stale_holder = holder(first.attempt, replace(BASE, owner="gw-a/1"))
+    assert await store.mark_unknown(stale_holder, timeout=T)
+    assert await store.resolve_key("t1", "k", None, resolved_by="op", timeout=T) == "released"
+    assert await store.get_key("t1", "k", timeout=T) is None
+    again = await store.decide(replace(BASE, owner="gw-a/2", retry_unknown=False), timeout=T)
+    assert (again.outcome, again.attempt) == (Outcome.RESERVED, 1)
+    assert not await store.complete(stale_holder, RESPONSE, timeout=T)

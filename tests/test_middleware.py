@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from collections.abc import Awaitable, Callable
 
 import httpx
 import pytest
@@ -91,14 +92,18 @@ async def test_same_key_for_another_request_is_422(
     assert echo.calls["k-1"] == 1
 
 
-async def test_in_flight_key_is_409_with_retry_after(echo: EchoApp, store: GatewayStore):
-    app = gateway(echo, store)
+async def test_in_flight_key_is_409_with_retry_after_its_upstream_deadline(
+    echo: EchoApp, store: GatewayStore
+):
+    # The first request may take at most its route's 4 s; the in-flight lease is 30 s. A
+    # client honouring Retry-After must not wait out the lease.
+    app = gateway(echo, store, RoutePolicy(prefix="/", timeout=4.0))
     first = asyncio.create_task(call(app, "POST", "/slow", headers=keyed("k"), query="delay=1.5"))
     await asyncio.wait_for(echo.started.wait(), 20)
     second = await call(app, "POST", "/slow", headers=keyed("k"), query="delay=1.5")
     problem = assert_problem(second, 409, "in-flight")
     retry_after = second.header("retry-after")
-    assert retry_after is not None and int(retry_after) >= 1
+    assert retry_after is not None and 1 <= int(retry_after) <= 4
     assert problem["retry_after"] == int(retry_after)
     assert (await first).status == 200
     assert echo.calls["k"] == 1
@@ -302,7 +307,8 @@ async def test_timeout_is_504_then_per_route(echo: EchoApp, store: GatewayStore,
     assert_problem(answer, 504, "upstream-timeout")
     again = await call(app, "POST", "/pay", headers=keyed("k"), query="delay_first=5")
     if on_unknown == "reject":
-        assert_problem(again, 409, "outcome-unknown")
+        unknown = assert_problem(again, 424, "outcome-unknown")
+        assert (unknown["key"], unknown["reason"]) == ("k", "upstream_timeout")
         assert echo.calls["k"] == 1
     else:
         assert again.status == 200
@@ -333,11 +339,12 @@ async def test_100_concurrent_copies_of_a_new_key_run_once(echo: EchoApp, store:
     assert sum(1 for a in answers if a.status == 200 and not a.header("idempotent-replayed")) == 1
 
 
-async def test_expired_in_flight_key_is_taken_over(echo: EchoApp, store: GatewayStore):
-    # A gateway reserved the key and died: its lease runs out and nothing was recorded.
+async def reserved_by_a_dead_gateway(store: GatewayStore, key: str) -> DecideRequest:
+    """A gateway reserved the key and died: once its lease has run out (waited for, by the
+    database clock), nothing was recorded and the outcome is unknown."""
     dead = DecideRequest(
         tenant="default",
-        key="k",
+        key=key,
         fingerprint=request_fingerprint("POST", "/pay", "", b"{}"),
         entity=None,
         fence=None,
@@ -347,11 +354,41 @@ async def test_expired_in_flight_key_is_taken_over(echo: EchoApp, store: Gateway
         retry_unknown=True,
     )
     assert (await store.decide(dead, timeout=30)).outcome is Outcome.RESERVED
+    await wait_for(lambda: key_is_unknown(store, key), timeout=30)
+    return dead
+
+
+async def key_is_unknown(store: GatewayStore, key: str) -> bool:
+    record = await store.get_key("default", key, timeout=30)
+    return record is not None and record.unknown
+
+
+async def wait_for(check: Callable[[], Awaitable[bool]], *, timeout: float) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not await check():
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.02)
+
+
+async def test_expired_in_flight_key_is_unknown_and_not_forwarded_by_default(
+    echo: EchoApp, store: GatewayStore
+):
+    await reserved_by_a_dead_gateway(store, "k")
     app = gateway(echo, store)
+    for _ in range(2):
+        answer = await call(app, "POST", "/pay", headers=keyed("k"), body=b"{}")
+        unknown = assert_problem(answer, 424, "outcome-unknown")
+        assert (unknown["key_state"], unknown["reason"]) == ("outcome_unknown", "lease_expired")
+        assert unknown["since"] and unknown["attempt"] == 1
+    assert echo.calls["k"] == 0
+
+
+async def test_expired_in_flight_key_is_taken_over_where_the_route_retries(
+    echo: EchoApp, store: GatewayStore
+):
+    dead = await reserved_by_a_dead_gateway(store, "k")
+    app = gateway(echo, store, RoutePolicy(prefix="/", on_unknown="retry"))
     live = await call(app, "POST", "/pay", headers=keyed("k"), body=b"{}")
-    if live.status == 409:  # the dead holder's lease had not run out yet on a slow machine
-        await asyncio.sleep(1.0)
-        live = await call(app, "POST", "/pay", headers=keyed("k"), body=b"{}")
     assert live.status == 200
     assert echo.calls["k"] == 1
     assert echo.seen_headers[-1]["idempotency-key"] == "k"

@@ -111,7 +111,8 @@ def test_timeout_is_504_then_rejected_and_big_answers_replay_as_problem(
             big = client.post("/big", params={"size": "5000"}, headers=keyed("b-1"))
             big_again = client.post("/big", params={"size": "5000"}, headers=keyed("b-1"))
     assert slow.status_code == 504 and slow.json()["type"].endswith("/upstream-timeout")
-    assert again.status_code == 409 and again.json()["type"].endswith("/outcome-unknown")
+    assert again.status_code == 424 and again.json()["type"].endswith("/outcome-unknown")
+    assert again.json()["reason"] == "upstream_timeout" and again.json()["since"]
     assert upstream.count("s-1") == 1
     assert big.status_code == 200 and len(big.content) > 5000
     assert big_again.status_code == 410

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Protocol
+from typing import Literal, Protocol
 
 DEFAULT_FENCE_TTL_SECONDS = 30 * 24 * 3600.0  # fences outlive keys: a late worker may wake up
 
 
 class StoreUnavailable(Exception):
-    """The store did not answer in time or could not be reached: the gateway fails closed."""
+    """The store did not answer in time, could not be reached, or failed in any other way
+    (a driver, protocol or schema error): the gateway fails closed."""
 
 
 class Outcome(StrEnum):
@@ -66,7 +67,9 @@ class Decision:
     outcome: Outcome
     last_accepted: int | None = None
     attempt: int | None = None
-    retry_after: float | None = None  # seconds left on another holder's lease
+    reserved_age: float | None = None  # for IN_FLIGHT: seconds since the holder reserved it
+    key_state: str | None = None  # for UNKNOWN: outcome_unknown, or in_flight (lease expired)
+    unknown_since: float | None = None  # for UNKNOWN: epoch seconds (marked, or lease end)
     response: StoredResponse | None = None  # for REPLAY
 
 
@@ -81,6 +84,35 @@ class Reservation:
 
 
 @dataclass(frozen=True, slots=True)
+class KeyRecord:
+    """One idempotency key as an operator sees it (times in epoch seconds, database clock)."""
+
+    tenant: str
+    key: str
+    state: str  # in_flight | completed | outcome_unknown
+    unknown: bool  # outcome_unknown, or in_flight with an expired lease
+    owner: str | None
+    attempt: int
+    entity: str | None
+    fence: int | None
+    fingerprint: str
+    locked_until: float | None
+    reserved_at: float | None
+    created_at: float
+    completed_at: float | None
+    expires_at: float
+    response_status: int | None
+    now: float
+
+
+class ResolveResult(StrEnum):
+    COMPLETED = "completed"  # the operator's answer is stored and will be replayed
+    RELEASED = "released"  # the key is gone: the next request runs again
+    NOT_FOUND = "not_found"
+    NOT_UNKNOWN = "not_unknown"  # completed, or in flight under a live lease: left alone
+
+
+@dataclass(frozen=True, slots=True)
 class PurgeCounts:
     keys: int
     fences: int
@@ -88,6 +120,8 @@ class PurgeCounts:
 
 
 class GatewayStore(Protocol):
+    kind: Literal["postgresql", "sqlite"]
+
     async def decide(self, request: DecideRequest, *, timeout: float) -> Decision: ...
 
     async def complete(
@@ -124,5 +158,25 @@ class GatewayStore(Protocol):
     ) -> PurgeCounts: ...
 
     async def ping(self, *, timeout: float) -> None: ...
+
+    async def applied_migrations(self, *, timeout: float) -> list[str] | None:
+        """Names in `fencegate_migrations`; None when the table does not exist."""
+        ...
+
+    async def get_key(self, tenant: str, key: str, *, timeout: float) -> KeyRecord | None: ...
+
+    async def resolve_key(
+        self,
+        tenant: str,
+        key: str,
+        response: StoredResponse | None,
+        *,
+        resolved_by: str,
+        timeout: float,
+    ) -> ResolveResult:
+        """An operator's answer for a key whose outcome is unknown (marked so, or in flight
+        with an expired lease): store ``response`` as its result, or with None release it.
+        Any other key is left alone."""
+        ...
 
     async def close(self) -> None: ...

@@ -14,7 +14,8 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from decimal import Decimal
+from typing import Any, Literal, TypeVar
 
 import asyncpg
 import orjson
@@ -23,9 +24,11 @@ from fencegate.store.base import (
     DEFAULT_FENCE_TTL_SECONDS,
     DecideRequest,
     Decision,
+    KeyRecord,
     Outcome,
     PurgeCounts,
     Reservation,
+    ResolveResult,
     StoredResponse,
     StoreUnavailable,
 )
@@ -49,8 +52,9 @@ DELETE FROM idempotency_keys
 WHERE tenant = $1 AND key = $2 AND owner = $3 AND attempt = $4 AND state = 'in_flight'
 """
 
+# locked_until keeps the moment the outcome became unknown (shown to the caller).
 _MARK_UNKNOWN = """
-UPDATE idempotency_keys SET state = 'outcome_unknown', locked_until = NULL
+UPDATE idempotency_keys SET state = 'outcome_unknown', locked_until = now()
 WHERE tenant = $1 AND key = $2 AND owner = $3 AND attempt = $4 AND state = 'in_flight'
 """
 
@@ -59,6 +63,42 @@ UPDATE idempotency_keys SET locked_until = now() + make_interval(secs => $5)
 WHERE tenant = $1 AND key = $2 AND owner = $3 AND attempt = $4 AND state = 'in_flight'
   AND locked_until > now()
 """
+
+# An unknown outcome: marked so, or in flight with an expired lease.
+_UNKNOWN_ROW = "(state = 'outcome_unknown' OR (state = 'in_flight' AND locked_until <= now()))"
+
+_GET_KEY = (
+    """
+SELECT tenant, key, state::text AS state, owner, attempt, entity, fence, fingerprint,
+    extract(epoch FROM locked_until) AS locked_until,
+    extract(epoch FROM reserved_at) AS reserved_at,
+    extract(epoch FROM created_at) AS created_at,
+    extract(epoch FROM completed_at) AS completed_at,
+    extract(epoch FROM expires_at) AS expires_at,
+    response_status, extract(epoch FROM now()) AS now,
+    """
+    + _UNKNOWN_ROW
+    + """ AS unknown
+FROM idempotency_keys WHERE tenant = $1 AND key = $2
+"""
+)
+
+_RESOLVE_COMPLETED = (
+    """
+UPDATE idempotency_keys SET state = 'completed', owner = $3, response_status = $4,
+    response_headers = $5::jsonb, response_body = $6, response_sha256 = $7,
+    body_too_large = false, completed_at = now(), locked_until = NULL
+WHERE tenant = $1 AND key = $2 AND """
+    + _UNKNOWN_ROW
+)
+
+_RESOLVE_RELEASED = (
+    """
+DELETE FROM idempotency_keys WHERE tenant = $1 AND key = $2 AND """
+    + _UNKNOWN_ROW
+)
+
+_APPLIED_MIGRATIONS = "SELECT name FROM fencegate_migrations ORDER BY name"
 
 # A nonce row that has expired may be reused; an unexpired one is a replayed signature.
 _REMEMBER_NONCE = """
@@ -82,19 +122,14 @@ DELETE FROM signature_nonces WHERE ctid = ANY(ARRAY(
     SELECT ctid FROM signature_nonces WHERE expires_at <= now() LIMIT $1))
 """
 
-# Errors that mean "the store did not answer", as opposed to a bug in a statement.
-_UNAVAILABLE: tuple[type[BaseException], ...] = (
-    OSError,
-    TimeoutError,
-    asyncpg.PostgresConnectionError,
-    asyncpg.InterfaceError,
-    asyncpg.CannotConnectNowError,
-    asyncpg.TooManyConnectionsError,
-    asyncpg.exceptions.OperatorInterventionError,
-    asyncpg.exceptions.InsufficientResourcesError,
-    asyncpg.exceptions.SerializationError,
-    asyncpg.exceptions.DeadlockDetectedError,
-)
+
+def unavailable(exc: BaseException, timeout: float) -> StoreUnavailable:
+    """Every failure at the store boundary means the same to the gateway: the store could not
+    decide or record, so it fails closed (503). A driver's protocol error (asyncpg's
+    ``InternalClientError``), a missing schema and a dropped database included."""
+    if isinstance(exc, TimeoutError):
+        return StoreUnavailable(f"no answer within {timeout}s")
+    return StoreUnavailable(f"{type(exc).__name__}: {exc}")
 
 
 def _decision(row: asyncpg.Record) -> Decision:
@@ -112,7 +147,9 @@ def _decision(row: asyncpg.Record) -> Decision:
         outcome=outcome,
         last_accepted=row["d_last_accepted"],
         attempt=row["d_attempt"],
-        retry_after=row["d_retry_after"],
+        reserved_age=row["d_reserved_age"],
+        key_state=row["d_key_state"],
+        unknown_since=row["d_since"].timestamp() if row["d_since"] is not None else None,
         response=response,
     )
 
@@ -121,6 +158,11 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
     """The store never changes session state (no SET, LISTEN or advisory lock), so a
     connection going back to the pool needs no reset query: that would be one more round
     trip for every statement."""
+
+
+def _plain(value: Any) -> Any:
+    """asyncpg answers extract() with Decimal; the record wants floats."""
+    return float(value) if isinstance(value, Decimal) else value
 
 
 def _left(deadline: float) -> float:
@@ -132,6 +174,8 @@ def _affected(status: str) -> bool:
 
 
 class PostgresGatewayStore:
+    kind: Literal["postgresql", "sqlite"] = "postgresql"
+
     def __init__(self, pool: asyncpg.Pool) -> None:
         self._pool = pool
         # One round trip at a time: what arrives meanwhile waits for it and goes in the next,
@@ -159,23 +203,21 @@ class PostgresGatewayStore:
         deadline = time.monotonic() + timeout
         try:
             conn = await self._pool.acquire(timeout=timeout)
-        except _UNAVAILABLE as exc:
-            raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from exc
+        except Exception as exc:
+            raise unavailable(exc, timeout) from exc
         try:
             async with asyncio.timeout_at(asyncio.get_running_loop().time() + _left(deadline)):
                 return await fn(conn)
         except BaseException as exc:
             # The connection is in an unknown state (a query may still run on a silent
             # network): close it at once rather than wait to reset it for the next caller.
-            with contextlib.suppress(asyncpg.InterfaceError):  # already dropped by the pool
+            with contextlib.suppress(Exception):  # already dropped by the pool
                 conn.terminate()
-            if isinstance(exc, TimeoutError):
-                raise StoreUnavailable(f"no answer within {timeout}s") from exc
-            if isinstance(exc, _UNAVAILABLE):
-                raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from exc
+            if isinstance(exc, Exception):
+                raise unavailable(exc, timeout) from exc
             raise
         finally:
-            with contextlib.suppress(asyncpg.InterfaceError, *_UNAVAILABLE):
+            with contextlib.suppress(Exception):
                 await self._pool.release(conn, timeout=max(_left(deadline), 0.1))
 
     async def decide(self, request: DecideRequest, *, timeout: float) -> Decision:
@@ -300,8 +342,56 @@ class PostgresGatewayStore:
     async def ping(self, *, timeout: float) -> None:
         await self._run(lambda conn: conn.fetchval("SELECT 1"), timeout=timeout)
 
+    async def applied_migrations(self, *, timeout: float) -> list[str] | None:
+        async def read(conn: asyncpg.Connection) -> list[str] | None:
+            if await conn.fetchval("SELECT to_regclass('fencegate_migrations')") is None:
+                return None
+            return [str(r["name"]) for r in await conn.fetch(_APPLIED_MIGRATIONS)]
+
+        return await self._run(read, timeout=timeout)
+
+    async def get_key(self, tenant: str, key: str, *, timeout: float) -> KeyRecord | None:
+        row = await self._run(lambda conn: conn.fetchrow(_GET_KEY, tenant, key), timeout=timeout)
+        if row is None:
+            return None
+        return KeyRecord(**{name: _plain(row[name]) for name in row.keys()})
+
+    async def resolve_key(
+        self,
+        tenant: str,
+        key: str,
+        response: StoredResponse | None,
+        *,
+        resolved_by: str,
+        timeout: float,
+    ) -> ResolveResult:
+        if response is None:
+            status = await self._run(
+                lambda conn: conn.execute(_RESOLVE_RELEASED, tenant, key), timeout=timeout
+            )
+            done = ResolveResult.RELEASED
+        else:
+            status = await self._run(
+                lambda conn: conn.execute(
+                    _RESOLVE_COMPLETED,
+                    tenant,
+                    key,
+                    resolved_by,
+                    response.status,
+                    orjson.dumps(response.headers).decode(),
+                    response.body,
+                    response.sha256,
+                ),
+                timeout=timeout,
+            )
+            done = ResolveResult.COMPLETED
+        if _affected(status):
+            return done
+        found = await self.get_key(tenant, key, timeout=timeout)
+        return ResolveResult.NOT_FOUND if found is None else ResolveResult.NOT_UNKNOWN
+
     async def close(self) -> None:
         try:
             await asyncio.wait_for(self._pool.close(), 5.0)
-        except _UNAVAILABLE:
+        except Exception:
             self._pool.terminate()

@@ -11,7 +11,7 @@ import sqlite3
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 import orjson
 
@@ -20,9 +20,11 @@ from fencegate.store.base import (
     DEFAULT_FENCE_TTL_SECONDS,
     DecideRequest,
     Decision,
+    KeyRecord,
     Outcome,
     PurgeCounts,
     Reservation,
+    ResolveResult,
     StoredResponse,
     StoreUnavailable,
 )
@@ -33,6 +35,11 @@ T = TypeVar("T")
 NOW = SQLITE_NOW
 
 _OWNED = "tenant = ? AND key = ? AND owner = ? AND attempt = ? AND state = 'in_flight'"
+# A late answer from the holder of a key marked unknown still completes it.
+_HELD = (
+    "tenant = ? AND key = ? AND owner = ? AND attempt = ? "
+    "AND state IN ('in_flight', 'outcome_unknown')"
+)
 
 
 class _CallerGaveUp(Exception):
@@ -82,8 +89,8 @@ def _decide(conn: sqlite3.Connection, r: DecideRequest, now: float) -> Decision:
     if row is None or row["expires_at"] <= now:
         conn.execute(
             "INSERT OR REPLACE INTO idempotency_keys (tenant, key, fingerprint, state, "
-            "owner, locked_until, attempt, entity, fence, created_at, expires_at) "
-            "VALUES (?, ?, ?, 'in_flight', ?, ?, 1, ?, ?, ?, ?)",
+            "owner, locked_until, attempt, entity, fence, created_at, reserved_at, expires_at) "
+            "VALUES (?, ?, ?, 'in_flight', ?, ?, 1, ?, ?, ?, ?, ?)",
             (
                 r.tenant,
                 r.key,
@@ -92,6 +99,7 @@ def _decide(conn: sqlite3.Connection, r: DecideRequest, now: float) -> Decision:
                 now + r.lease_seconds,
                 r.entity,
                 r.fence,
+                now,
                 now,
                 now + r.ttl_seconds,
             ),
@@ -111,19 +119,28 @@ def _decide(conn: sqlite3.Connection, r: DecideRequest, now: float) -> Decision:
             Outcome.REPLAY, last_accepted=last, attempt=row["attempt"], response=response
         )
     if state == "in_flight" and row["locked_until"] > now:
+        reserved_at = row["reserved_at"] if row["reserved_at"] is not None else row["created_at"]
         return Decision(
             Outcome.IN_FLIGHT,
             last_accepted=last,
             attempt=row["attempt"],
-            retry_after=float(row["locked_until"]) - now,
+            reserved_age=now - float(reserved_at),
         )
-    if state == "outcome_unknown" and not r.retry_unknown:
-        return Decision(Outcome.UNKNOWN, last_accepted=last, attempt=row["attempt"])
+    if not r.retry_unknown:
+        # Marked unknown, or in flight with an expired lease (its gateway died or could not
+        # record): the upstream may have acted. Not forwarded again.
+        return Decision(
+            Outcome.UNKNOWN,
+            last_accepted=last,
+            attempt=row["attempt"],
+            key_state=state,
+            unknown_since=float(row["locked_until"]) if row["locked_until"] is not None else None,
+        )
     attempt = int(row["attempt"]) + 1
     conn.execute(
         "UPDATE idempotency_keys SET state = 'in_flight', owner = ?, locked_until = ?, "
-        "attempt = ?, entity = ?, fence = ? WHERE tenant = ? AND key = ?",
-        (r.owner, now + r.lease_seconds, attempt, r.entity, r.fence, r.tenant, r.key),
+        "reserved_at = ?, attempt = ?, entity = ?, fence = ? WHERE tenant = ? AND key = ?",
+        (r.owner, now + r.lease_seconds, now, attempt, r.entity, r.fence, r.tenant, r.key),
     )
     outcome = Outcome.TAKEN_OVER if state == "in_flight" else Outcome.RETRY_UNKNOWN
     return Decision(outcome, last_accepted=last, attempt=attempt)
@@ -159,7 +176,64 @@ def _remember_nonce(
     return run
 
 
+# An unknown outcome: marked so, or in flight with an expired lease.
+_UNKNOWN_ROW = f"(state = 'outcome_unknown' OR (state = 'in_flight' AND locked_until <= {NOW}))"
+
+_GET_KEY = (
+    "SELECT tenant, key, state, owner, attempt, entity, fence, fingerprint, locked_until, "
+    "reserved_at, created_at, completed_at, expires_at, response_status, "
+    f"{NOW} AS now, {_UNKNOWN_ROW} AS unknown "
+    "FROM idempotency_keys WHERE tenant = ? AND key = ?"
+)
+
+
+def _key_record(row: sqlite3.Row | None) -> KeyRecord | None:
+    if row is None:
+        return None
+    values = dict(zip(row.keys(), tuple(row), strict=True))
+    values["unknown"] = bool(values["unknown"])
+    return KeyRecord(**values)
+
+
+def _resolve(
+    tenant: str, key: str, response: StoredResponse | None, resolved_by: str
+) -> Callable[[sqlite3.Connection], ResolveResult]:
+    def run(conn: sqlite3.Connection) -> ResolveResult:
+        with write_transaction(conn):
+            if response is None:
+                cur = conn.execute(
+                    f"DELETE FROM idempotency_keys WHERE tenant = ? AND key = ? AND {_UNKNOWN_ROW}",
+                    (tenant, key),
+                )
+                done = ResolveResult.RELEASED
+            else:
+                cur = conn.execute(
+                    "UPDATE idempotency_keys SET state = 'completed', owner = ?, "
+                    "response_status = ?, response_headers = ?, response_body = ?, "
+                    f"response_sha256 = ?, body_too_large = 0, completed_at = {NOW}, "
+                    f"locked_until = NULL WHERE tenant = ? AND key = ? AND {_UNKNOWN_ROW}",
+                    (
+                        resolved_by,
+                        response.status,
+                        orjson.dumps(response.headers).decode(),
+                        response.body,
+                        response.sha256,
+                        tenant,
+                        key,
+                    ),
+                )
+                done = ResolveResult.COMPLETED
+            if cur.rowcount > 0:
+                return done
+            found = conn.execute(_GET_KEY, (tenant, key)).fetchone()
+            return ResolveResult.NOT_FOUND if found is None else ResolveResult.NOT_UNKNOWN
+
+    return run
+
+
 class SQLiteGatewayStore:
+    kind: Literal["postgresql", "sqlite"] = "sqlite"
+
     def __init__(self, db: SQLiteDatabase) -> None:
         self._db = db
         # One connection on one thread: a single batch at a time, and each batch is one
@@ -180,7 +254,9 @@ class SQLiteGatewayStore:
             return await self._db.run(fn, timeout=timeout)
         except (TimeoutError, _CallerGaveUp) as exc:
             raise StoreUnavailable(f"no answer within {timeout}s") from exc
-        except (sqlite3.Error, OSError) as exc:
+        except Exception as exc:
+            # Any failure at the store boundary (a locked or missing file, a missing table, a
+            # closed executor) means the store could not decide: the gateway fails closed.
             raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from exc
 
     async def decide(self, request: DecideRequest, *, timeout: float) -> Decision:
@@ -207,7 +283,7 @@ class SQLiteGatewayStore:
         sql = (
             "UPDATE idempotency_keys SET state = 'completed', response_status = ?, "
             "response_headers = ?, response_body = ?, response_sha256 = ?, "
-            f"body_too_large = ?, completed_at = {NOW}, locked_until = NULL WHERE {_OWNED}"
+            f"body_too_large = ?, completed_at = {NOW}, locked_until = NULL WHERE {_HELD}"
         )
         rows = [
             (
@@ -233,7 +309,8 @@ class SQLiteGatewayStore:
 
     async def mark_unknown(self, reservation: Reservation, *, timeout: float) -> bool:
         sql = (
-            "UPDATE idempotency_keys SET state = 'outcome_unknown', locked_until = NULL "
+            # locked_until keeps the moment the outcome became unknown (shown to the caller).
+            f"UPDATE idempotency_keys SET state = 'outcome_unknown', locked_until = {NOW} "
             f"WHERE {_OWNED}"
         )
         return await self._run(_execute(sql, _key(reservation)), timeout=timeout) > 0
@@ -302,6 +379,35 @@ class SQLiteGatewayStore:
 
     async def ping(self, *, timeout: float) -> None:
         await self._run(lambda conn: conn.execute("SELECT 1").fetchone(), timeout=timeout)
+
+    async def applied_migrations(self, *, timeout: float) -> list[str] | None:
+        def read(conn: sqlite3.Connection) -> list[str] | None:
+            table = conn.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'fencegate_migrations'"
+            ).fetchone()
+            if table is None:
+                return None
+            rows = conn.execute("SELECT name FROM fencegate_migrations ORDER BY name")
+            return [str(r[0]) for r in rows]
+
+        return await self._run(read, timeout=timeout)
+
+    async def get_key(self, tenant: str, key: str, *, timeout: float) -> KeyRecord | None:
+        return await self._run(
+            lambda conn: _key_record(conn.execute(_GET_KEY, (tenant, key)).fetchone()),
+            timeout=timeout,
+        )
+
+    async def resolve_key(
+        self,
+        tenant: str,
+        key: str,
+        response: StoredResponse | None,
+        *,
+        resolved_by: str,
+        timeout: float,
+    ) -> ResolveResult:
+        return await self._run(_resolve(tenant, key, response, resolved_by), timeout=timeout)
 
     async def close(self) -> None:
         await self._db.close()

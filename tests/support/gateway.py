@@ -131,6 +131,15 @@ class GatewayProcess:
             self._proc.send_signal(signal.SIGKILL)
             self._proc.wait(timeout=timeout)
 
+    def signal(self, signum: int) -> None:
+        assert self._proc is not None, "gateway not started"
+        self._proc.send_signal(signum)
+
+    def wait_exit(self, *, timeout: float) -> int:
+        """The exit status, once the process has ended by itself."""
+        assert self._proc is not None, "gateway not started"
+        return self._proc.wait(timeout=timeout)
+
     def terminate(self, *, timeout: float = 15.0) -> None:
         if self._proc is not None:
             stop_process(self._proc, timeout=timeout)
