@@ -22,4 +22,10 @@ EXPOSE 8080
 HEALTHCHECK --interval=10s --timeout=3s --start-period=10s --retries=3 \
     CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/healthz' % os.environ.get('FENCEGATE_PORT', '8080'), timeout=2)"]
 
+# The gateway refuses to start on a database without the schema it needs. On PostgreSQL,
+# migrate once per release, before the new gateways start:
+#   docker run --rm --entrypoint fencegate IMAGE migrate --database-url postgresql://app@db/app
+# or let each gateway migrate on start (concurrent runs are serialised by an advisory lock):
+#   docker run -e FENCEGATE_MIGRATE=true -e FENCEGATE_DATABASE_URL=postgresql://… IMAGE --upstream …
+# The embedded SQLite store is migrated on start by default.
 ENTRYPOINT ["fencegate", "serve"]

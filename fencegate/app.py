@@ -13,9 +13,11 @@ from typing import Any
 from fencegate.config import GatewayConfig
 from fencegate.engine import Engine
 from fencegate.gate import Gate
+from fencegate.health import StoreHealth
 from fencegate.metrics import GatewayMetrics
 from fencegate.proxy import ReverseProxy, UpstreamClient
 from fencegate.routes import RouteTable
+from fencegate.schema import check_applied
 from fencegate.store import GatewayStore, StoreUnavailable, open_gateway_store
 from fencegate.types import Authenticator, Receive, Scope, Send
 
@@ -41,6 +43,13 @@ def load_authenticator(
     return signatures.load_authenticator(spec, base_dir=base_dir, store_timeout=store_timeout)
 
 
+async def require_schema(store: GatewayStore, *, database_url: str | None, timeout: float) -> None:
+    """Raise `SchemaMismatch` (one line naming `fencegate migrate`) unless the store holds
+    the schema this code needs."""
+    applied = await store.applied_migrations(timeout=timeout)
+    check_applied(applied, store.kind, database_url)
+
+
 class GatewayApplication:
     """The ASGI app `fencegate serve` runs. Everything is opened at lifespan start-up."""
 
@@ -58,6 +67,7 @@ class GatewayApplication:
         self._authenticator_loaded = authenticator_loaded or authenticator is not None
         self.metrics = GatewayMetrics()
         self.store: GatewayStore | None = None
+        self.engine: Engine | None = None
         self.proxy: ReverseProxy | None = None
         self._client: UpstreamClient | None = None
         self._purger: asyncio.Task[None] | None = None
@@ -84,6 +94,9 @@ class GatewayApplication:
             run_migrations=settings.migrate,
             pool_max_size=settings.store_pool_size,
         )
+        await require_schema(
+            self.store, database_url=settings.database_url, timeout=settings.store_timeout
+        )
         engine = Engine(
             self.store,
             lease_seconds=settings.inflight_lease_seconds,
@@ -94,12 +107,14 @@ class GatewayApplication:
         gate = Gate(engine=engine, routes=routes, authenticator=authenticator)
         self._client = UpstreamClient()
         await self._client.start()
+        self.engine = engine
         self.proxy = ReverseProxy(
             gate=gate,
             client=self._client,
-            store=self.store,
+            health=StoreHealth(
+                self.store, database_url=settings.database_url, timeout=settings.store_timeout
+            ),
             metrics=self.metrics,
-            store_timeout=settings.store_timeout,
         )
         if settings.purge_interval_seconds > 0:
             self._purger = asyncio.create_task(self._purge_forever())
@@ -109,6 +124,10 @@ class GatewayApplication:
             self._purger.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._purger
+        if self.engine is not None:
+            # Answers the upstream gave that the store has not taken yet: keep trying within
+            # the grace period before the connections go.
+            await self.engine.pending.drain(grace=self.config.settings.shutdown_grace_seconds)
         if self._client is not None:
             await self._client.close()
         if self.store is not None:

@@ -13,6 +13,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("fencegate.commands.serve", "run the gateway in front of an upstream HTTP API"),
     "migrate": ("fencegate.commands.migrate", "apply the SQL migrations to the store"),
     "purge": ("fencegate.commands.purge", "delete expired idempotency keys, fences and nonces"),
+    "keys": (
+        "fencegate.commands.keys",
+        "show an idempotency key, or resolve one whose outcome is unknown",
+    ),
     "demo": ("fencegate.commands.demo", "run the whole lease/fence story on the embedded store"),
     "sign": (
         "fencegate.commands.sign",

@@ -9,6 +9,7 @@ SQLite store is migrated on start; a PostgreSQL store only with ``--migrate`` (o
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import os
 from typing import Any
@@ -36,6 +37,12 @@ _OPTIONS: list[tuple[str, str, type, str]] = [
     ("--max-body-bytes", "max_body_bytes", int, "largest request body (10485760)"),
     ("--upstream-timeout", "upstream_timeout", float, "seconds for the upstream (30)"),
     ("--store-timeout", "store_timeout", float, "seconds for the store, then 503 (2)"),
+    (
+        "--shutdown-grace-seconds",
+        "shutdown_grace_seconds",
+        float,
+        "on SIGTERM, how long to keep recording answers the store has not taken (10)",
+    ),
     ("--log-level", "log_level", str, "critical, error, warning, info, debug (info)"),
     ("--workers", "workers", int, "worker processes (1)"),
 ]
@@ -101,6 +108,36 @@ def check_authenticator(config: GatewayConfig) -> Authenticator | None:
         raise CommandError(str(exc)) from exc
 
 
+def check_store(config: GatewayConfig) -> None:
+    """Open the store (migrating it when asked) and check its schema before serving, so a
+    database nobody migrated stops the start with one line naming `fencegate migrate`."""
+    from fencegate.app import require_schema
+    from fencegate.schema import SchemaMismatch, redacted
+    from fencegate.store import open_gateway_store
+
+    settings = config.settings
+
+    async def check() -> None:
+        store = await open_gateway_store(
+            settings.database_url, run_migrations=settings.migrate, pool_max_size=1
+        )
+        try:
+            await require_schema(
+                store, database_url=settings.database_url, timeout=settings.store_timeout
+            )
+        finally:
+            await store.close()
+
+    try:
+        asyncio.run(check())
+    except SchemaMismatch as exc:
+        raise CommandError(str(exc)) from exc
+    except Exception as exc:
+        raise CommandError(
+            f"cannot open the store {redacted(settings.database_url)}: {type(exc).__name__}: {exc}"
+        ) from exc
+
+
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -111,6 +148,7 @@ def run(args: argparse.Namespace) -> int:
     settings = config.settings
     configure_logging(settings.log_level)
     authenticator = check_authenticator(config)
+    check_store(config)
     common: dict[str, Any] = {
         "host": settings.host,
         "port": settings.port,

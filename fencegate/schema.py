@@ -1,0 +1,61 @@
+"""Whether a store's database holds the schema this code needs.
+
+The schema is the list of migration files shipped in the package (`sql/<store>/`); a database
+is current when `fencegate_migrations` names exactly those. The gateway refuses to start on
+anything else, and ``/healthz`` reports it, so that a database nobody migrated is one clear
+line at start-up rather than a 500 on every keyed request.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+from urllib.parse import urlsplit, urlunsplit
+
+from fencegate.migrations import migration_files
+
+
+class SchemaMismatch(Exception):
+    """The database lacks the schema this code needs (or has one from a newer release)."""
+
+
+def needed_migrations(kind: Literal["postgresql", "sqlite"]) -> list[str]:
+    return [name for name, _ in migration_files(kind)]
+
+
+def schema_version(kind: Literal["postgresql", "sqlite"]) -> str:
+    """The newest migration this code needs, e.g. ``003_unknown_outcomes``."""
+    return needed_migrations(kind)[-1].removesuffix(".sql")
+
+
+def redacted(url: str | None) -> str:
+    """A database URL fit for a log line or an error message: no password."""
+    if not url:
+        return "sqlite:///fencegate.db"
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def check_applied(
+    applied: list[str] | None,
+    kind: Literal["postgresql", "sqlite"],
+    database_url: str | None,
+) -> None:
+    """Raise `SchemaMismatch` unless ``applied`` (None: no migrations table) is current."""
+    needed = needed_migrations(kind)
+    fix = (
+        f"run `fencegate migrate --database-url {redacted(database_url)}` (or start with --migrate)"
+    )
+    if applied is None:
+        raise SchemaMismatch(f"the database has no fencegate schema: {fix}")
+    unknown = sorted(set(applied) - set(needed))
+    if unknown:
+        raise SchemaMismatch(
+            f"the database has migrations this fencegate does not know ({', '.join(unknown)}): "
+            f"it was migrated by a newer release; upgrade fencegate"
+        )
+    missing = [name for name in needed if name not in applied]
+    if missing:
+        raise SchemaMismatch(f"the database's fencegate schema lacks {', '.join(missing)}: {fix}")

@@ -1,0 +1,209 @@
+"""Store trouble through `fencegate serve` processes: a database nobody migrated, a schema
+that changed under a running gateway, a table or a whole database dropped. Never a 500 and
+never a traceback to the client: 503 ``store-unavailable``, and ``/healthz`` says 503."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+
+from fencegate.migrations import migrate
+from fencegate.store import GatewayStore, StoreUnavailable
+from tests.support import postgres
+from tests.support.gateway import GatewayProcess
+from tests.support.processes import child_env
+from tests.support.upstream import UpstreamProcess
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[UpstreamProcess]:
+    with UpstreamProcess() as process:
+        yield process
+
+
+@pytest.fixture
+async def empty_pg_url(pg_server_url: str) -> AsyncIterator[str]:
+    """A PostgreSQL database nobody migrated."""
+    url = await postgres.create_database(pg_server_url)
+    try:
+        yield url
+    finally:
+        await postgres.drop_database(pg_server_url, url)
+
+
+def serve(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """`fencegate serve` that is expected to refuse to start (bounded by a timeout)."""
+    return subprocess.run(
+        [sys.executable, "-m", "fencegate.cli", "serve", "--upstream", "http://127.0.0.1:9", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=cwd,
+        env=child_env(),
+    )
+
+
+def test_serve_refuses_a_postgres_database_nobody_migrated(empty_pg_url: str, tmp_path: Path):
+    refused = serve("--database-url", empty_pg_url, "--port", "0", cwd=tmp_path)
+    assert refused.returncode == 2, refused.stderr
+    [line] = [ln for ln in refused.stderr.splitlines() if ln.startswith("fencegate serve: error:")]
+    assert "no fencegate schema" in line
+    assert "Traceback" not in refused.stderr
+    assert f"fencegate migrate --database-url {empty_pg_url}" in line
+
+
+def test_serve_refuses_an_sqlite_file_it_may_not_migrate(tmp_path: Path):
+    url = f"sqlite:///{tmp_path / 'fresh.db'}"
+    refused = serve("--database-url", url, "--no-migrate", "--port", "0", cwd=tmp_path)
+    assert refused.returncode == 2, refused.stderr
+    assert "fencegate migrate --database-url" in refused.stderr
+
+
+def test_serve_refuses_a_schema_one_migration_behind(empty_pg_url: str, tmp_path: Path):
+    async def behind() -> None:
+        await migrate(empty_pg_url)
+        conn = await asyncpg.connect(empty_pg_url)
+        try:
+            await conn.execute(
+                "DELETE FROM fencegate_migrations WHERE name = '003_unknown_outcomes.sql'"
+            )
+        finally:
+            await conn.close()
+
+    asyncio.run(behind())
+    refused = serve("--database-url", empty_pg_url, "--port", "0", cwd=tmp_path)
+    assert refused.returncode == 2, refused.stderr
+    assert "lacks 003_unknown_outcomes.sql" in refused.stderr
+    assert "fencegate migrate" in refused.stderr
+
+
+def test_serve_with_migrate_starts_on_an_empty_database(
+    empty_pg_url: str, upstream: UpstreamProcess
+) -> None:
+    with GatewayProcess(
+        upstream=upstream.url, database_url=empty_pg_url, extra_args=["--migrate"]
+    ) as gateway:
+        assert httpx.get(gateway.url + "/healthz", timeout=10).status_code == 200
+
+
+def wait_for_status(url: str, status: int, *, timeout: float) -> httpx.Response:
+    deadline = time.monotonic() + timeout
+    while True:
+        answer = httpx.get(url, timeout=10)
+        if answer.status_code == status:
+            return answer
+        assert time.monotonic() < deadline, f"still {answer.status_code}: {answer.text}"
+        time.sleep(0.1)
+
+
+def keyed_post(base: str) -> httpx.Response:
+    return httpx.post(
+        base + "/charges",
+        content=b"{}",
+        headers={"Idempotency-Key": f"k-{uuid.uuid4().hex}", "X-Execution-Fence": "1",
+                 "X-Execution-Entity": "order:1"},
+        timeout=30,
+    )  # fmt: skip
+
+
+def assert_store_unavailable(answer: httpx.Response) -> None:
+    assert answer.status_code == 503, answer.text
+    assert answer.headers["content-type"] == "application/problem+json"
+    assert answer.json()["type"].endswith("/store-unavailable")
+    assert "Traceback" not in answer.text
+
+
+def test_healthz_is_503_once_the_schema_is_not_the_one_needed(
+    pg_url: str, upstream: UpstreamProcess
+) -> None:
+    with GatewayProcess(upstream=upstream.url, database_url=pg_url) as gateway:
+        assert httpx.get(gateway.url + "/healthz", timeout=10).status_code == 200
+
+        async def roll_back() -> None:
+            conn = await asyncpg.connect(pg_url)
+            try:
+                await conn.execute("DELETE FROM fencegate_migrations WHERE name LIKE '003%'")
+            finally:
+                await conn.close()
+
+        asyncio.run(roll_back())
+        sick = wait_for_status(gateway.url + "/healthz", 503, timeout=15)
+        assert "fencegate migrate" in sick.json()["detail"]
+
+
+def test_a_dropped_table_is_503_on_both_stores(
+    store_url: str, upstream: UpstreamProcess, tmp_path: Path
+) -> None:
+    with GatewayProcess(upstream=upstream.url, database_url=store_url, workdir=tmp_path) as gw:
+        assert keyed_post(gw.url).status_code == 200
+        drop = "DROP TABLE idempotency_keys"
+        if store_url.startswith("sqlite"):
+            with sqlite3.connect(store_url.removeprefix("sqlite:///")) as conn:
+                conn.execute(drop)
+        else:
+            asyncio.run(_execute(store_url, drop + " CASCADE"))
+        before = upstream.stats()["requests"]
+        for _ in range(3):
+            assert_store_unavailable(keyed_post(gw.url))
+        assert upstream.stats()["requests"] == before
+        assert "Traceback" not in gw.log_text()
+
+
+async def _execute(url: str, sql: str) -> None:
+    conn = await asyncpg.connect(url)
+    try:
+        await conn.execute(sql)
+    finally:
+        await conn.close()
+
+
+def test_a_database_dropped_under_a_running_gateway_is_503(
+    empty_pg_url: str, pg_server_url: str, upstream: UpstreamProcess
+) -> None:
+    asyncio.run(migrate(empty_pg_url))
+    with GatewayProcess(upstream=upstream.url, database_url=empty_pg_url) as gateway:
+        assert keyed_post(gateway.url).status_code == 200
+        name = empty_pg_url.rsplit("/", 1)[1]
+        asyncio.run(_execute(pg_server_url, f'DROP DATABASE "{name}" WITH (FORCE)'))
+        before = upstream.stats()["requests"]
+        for _ in range(3):
+            assert_store_unavailable(keyed_post(gateway.url))
+        assert upstream.stats()["requests"] == before
+        wait_for_status(gateway.url + "/healthz", 503, timeout=15)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        asyncpg.InternalClientError("cannot switch to state 12; another operation is in progress"),
+        asyncpg.UndefinedTableError('relation "idempotency_keys" does not exist'),
+        ConnectionResetError(104, "Connection reset by peer"),
+        RuntimeError("cannot schedule new futures after shutdown"),
+    ],
+    ids=["protocol", "schema", "connection", "executor"],
+)
+async def test_every_error_at_the_store_boundary_is_store_unavailable(
+    store: GatewayStore, error: Exception
+) -> None:
+    """Whatever the driver raises while the store runs a statement (asyncpg's protocol error
+    seen while recording an answer under load included) reads as the store failing."""
+
+    def fail(conn: object) -> Any:
+        raise error
+
+    with pytest.raises(StoreUnavailable) as raised:
+        await store._run(fail, timeout=5)  # type: ignore[attr-defined]
+    assert type(error).__name__ in str(raised.value)
