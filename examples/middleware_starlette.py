@@ -28,7 +28,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from fencegate import FenceGateMiddleware
-from fencegate.routes import EntityRule, RoutePolicy
+from fencegate.gateway.routes import EntityRule, RoutePolicy
 
 captures: list[dict[str, Any]] = []
 

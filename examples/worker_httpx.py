@@ -10,7 +10,7 @@ and runs a `Worker` until the queue is idle. The tool sends each capture through
 ``httpx.AsyncClient`` whose ``auth`` is ``job.httpx_auth()``: every request carries the job's
 ``Idempotency-Key`` (job key + step), its fencing token and entity, is refused locally once
 the lease is lost or cannot be confirmed, and is signed when the worker has a ``signer``
-(e.g. ``fencegate.signatures.HttpSigner.from_env()``).
+(e.g. ``fencegate.signing.HttpSigner.from_env()``).
 """
 
 from __future__ import annotations

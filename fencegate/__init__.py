@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from fencegate.middleware import FenceGateMiddleware
+    from fencegate.gateway.middleware import FenceGateMiddleware
 
 __all__ = ["FenceGateMiddleware", "__version__"]
 
@@ -17,7 +17,7 @@ __all__ = ["FenceGateMiddleware", "__version__"]
 def __getattr__(name: str) -> Any:
     # Imported lazily so that `import fencegate.lease` in a worker does not pull in the gateway.
     if name == "FenceGateMiddleware":
-        from fencegate.middleware import FenceGateMiddleware
+        from fencegate.gateway.middleware import FenceGateMiddleware
 
         return FenceGateMiddleware
     raise AttributeError(name)

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from fencegate.config import ConfigError, load_config
-from fencegate.routes import EntityRule
+from fencegate.gateway.config import ConfigError, load_config
+from fencegate.gateway.routes import EntityRule
 
 
 def write(tmp_path: Path, text: str) -> Path:

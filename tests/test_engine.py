@@ -10,15 +10,15 @@ from urllib.parse import urlsplit, urlunsplit
 import orjson
 import pytest
 
-from fencegate.engine import (
+from fencegate.gateway.engine import (
     Engine,
     GatewayResponse,
     UpstreamOutcomeUnknown,
     UpstreamRefused,
     UpstreamResponse,
 )
-from fencegate.metrics import GatewayMetrics
-from fencegate.routes import RoutePolicy
+from fencegate.gateway.metrics import GatewayMetrics
+from fencegate.gateway.routes import RoutePolicy
 from fencegate.store import GatewayStore, open_gateway_store
 from fencegate.types import IncomingRequest
 from tests.support.net import TcpRelay

@@ -10,10 +10,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fencegate import FenceGateMiddleware
-from fencegate.fingerprint import request_fingerprint
-from fencegate.headers import parse_entity, parse_fence, parse_idempotency_key
+from fencegate.gateway.fingerprint import request_fingerprint
+from fencegate.gateway.headers import parse_entity, parse_fence, parse_idempotency_key
+from fencegate.gateway.routes import RoutePolicy
 from fencegate.migrations import migrate
-from fencegate.routes import RoutePolicy
 from fencegate.store import open_gateway_store
 from tests.support.asgi import call
 from tests.support.echo_app import EchoApp
@@ -47,7 +47,7 @@ def test_fingerprint_has_no_collisions_between_field_splits(
 
 
 def _canon(query: str) -> str:
-    from fencegate.fingerprint import sorted_query
+    from fencegate.gateway.fingerprint import sorted_query
 
     return sorted_query(query)
 

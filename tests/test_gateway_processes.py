@@ -26,7 +26,7 @@ import orjson
 import pytest
 
 from fencegate.dburl import parse_database_url
-from fencegate.problems import PROBLEM_CONTENT_TYPE, PROBLEM_TYPE_BASE
+from fencegate.gateway.problems import PROBLEM_CONTENT_TYPE, PROBLEM_TYPE_BASE
 from fencegate.store import KeyRecord, open_gateway_store
 from tests.support.gateway import GatewayProcess
 from tests.support.net import TcpRelay

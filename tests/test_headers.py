@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from fencegate.headers import parse_entity, parse_fence, parse_idempotency_key
-from fencegate.problems import Problem
+from fencegate.gateway.headers import parse_entity, parse_fence, parse_idempotency_key
+from fencegate.gateway.problems import Problem
 
 
 @pytest.mark.parametrize(

@@ -15,9 +15,9 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from fencegate import FenceGateMiddleware
-from fencegate.fingerprint import request_fingerprint
-from fencegate.problems import Problem
-from fencegate.routes import EntityRule, RoutePolicy
+from fencegate.gateway.fingerprint import request_fingerprint
+from fencegate.gateway.problems import Problem
+from fencegate.gateway.routes import EntityRule, RoutePolicy
 from fencegate.store import DecideRequest, GatewayStore, Outcome
 from fencegate.types import IncomingRequest, NonceStore
 from tests.support.asgi import Answer, call

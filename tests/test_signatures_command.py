@@ -15,7 +15,7 @@ import pytest
 
 from fencegate.cli import CommandError
 from fencegate.commands import sign
-from fencegate.signatures import SignatureAuthenticator, load_authenticator
+from fencegate.signing import SignatureAuthenticator, load_authenticator
 from fencegate.store import GatewayStore, open_gateway_store
 from fencegate.types import IncomingRequest
 

@@ -10,7 +10,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from fencegate.signatures import KeyConfigError, SignatureAuthenticator, load_authenticator
+from fencegate.signing import KeyConfigError, SignatureAuthenticator, load_authenticator
 
 SECRET = base64.b64encode(b"s" * 32).decode()
 PRIVATE = ed25519.Ed25519PrivateKey.from_private_bytes(b"e" * 32)

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from fencegate.gateway.problems import Problem
 from fencegate.migrations import migrate
-from fencegate.problems import Problem
-from fencegate.signatures import HttpSigner, SignatureAuthenticator, load_authenticator
+from fencegate.signing import HttpSigner, SignatureAuthenticator, load_authenticator
 from fencegate.store import open_gateway_store
 from fencegate.types import IncomingRequest
 

@@ -25,7 +25,7 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 from http_message_signatures import ContentDigest
 
 from fencegate.commands import sign as sign_command
-from fencegate.signatures import HttpSigner
+from fencegate.signing import HttpSigner
 from tests.lease.test_client import KEY as JOB_KEY
 from tests.lease.test_client import make_job
 from tests.support.gateway import GatewayProcess

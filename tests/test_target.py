@@ -18,8 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fencegate.problems import Problem
-from fencegate.target import parse_target
+from fencegate.gateway.problems import Problem
+from fencegate.gateway.target import parse_target
 from tests.support.gateway import GatewayProcess
 from tests.support.upstream import UpstreamProcess
 

@@ -8,7 +8,7 @@ import os
 
 from fencegate.cli import CommandError
 from fencegate.commands.migrate import add_database_url, run_on_store
-from fencegate.config import DAY
+from fencegate.gateway.config import DAY
 from fencegate.store import PurgeCounts, open_gateway_store
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 
 from fencegate.cli import CommandError
-from fencegate.config import ConfigError, GatewayConfig, load_config
+from fencegate.gateway.config import ConfigError, GatewayConfig, load_config
 from fencegate.types import Authenticator
 
 OVERRIDES_ENV = "FENCEGATE_SERVE_OVERRIDES"
@@ -87,7 +87,7 @@ def configure_logging(level: str) -> None:
 
 def create_app_from_environment() -> Any:
     """Factory for worker processes (``--workers N``): each rebuilds the same config."""
-    from fencegate.app import GatewayApplication
+    from fencegate.gateway.app import GatewayApplication
 
     overrides = orjson.loads(os.environ.get(OVERRIDES_ENV, "{}"))
     config = build_config(overrides)
@@ -100,7 +100,7 @@ def create_app_from_environment() -> Any:
 def check_authenticator(config: GatewayConfig) -> Authenticator | None:
     """Load the signature keys before serving, so a bad key file stops the start with
     one clear line instead of a failed worker."""
-    from fencegate.app import load_authenticator
+    from fencegate.gateway.app import load_authenticator
 
     try:
         return load_authenticator(config.authenticator_spec(), base_dir=config.base_dir())
@@ -111,7 +111,7 @@ def check_authenticator(config: GatewayConfig) -> Authenticator | None:
 def check_store(config: GatewayConfig) -> None:
     """Open the store (migrating it when asked) and check its schema before serving, so a
     database nobody migrated stops the start with one line naming `fencegate migrate`."""
-    from fencegate.app import require_schema
+    from fencegate.gateway.app import require_schema
     from fencegate.schema import SchemaMismatch, redacted
     from fencegate.store import open_gateway_store
 
@@ -141,7 +141,7 @@ def check_store(config: GatewayConfig) -> None:
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from fencegate.app import GatewayApplication
+    from fencegate.gateway.app import GatewayApplication
 
     overrides = overrides_from(args)
     config = build_config(overrides)

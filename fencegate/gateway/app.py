@@ -10,13 +10,13 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from fencegate.config import GatewayConfig
-from fencegate.engine import Engine
-from fencegate.gate import Gate
-from fencegate.health import StoreHealth
-from fencegate.metrics import GatewayMetrics
-from fencegate.proxy import ReverseProxy, UpstreamClient
-from fencegate.routes import RouteTable
+from fencegate.gateway.config import GatewayConfig
+from fencegate.gateway.engine import Engine
+from fencegate.gateway.health import StoreHealth
+from fencegate.gateway.metrics import GatewayMetrics
+from fencegate.gateway.pipeline import Gate
+from fencegate.gateway.proxy import ReverseProxy, UpstreamClient
+from fencegate.gateway.routes import RouteTable
 from fencegate.schema import check_applied
 from fencegate.store import GatewayStore, StoreUnavailable, open_gateway_store
 from fencegate.types import Authenticator, Receive, Scope, Send
@@ -30,7 +30,7 @@ def load_authenticator(
     base_dir: Path | None = None,
     store_timeout: float = 2.0,
 ) -> Authenticator | None:
-    """Step 1 is provided by `fencegate.signatures`, imported only when keys are
+    """Step 1 is provided by `fencegate.signing`, imported only when keys are
     configured, so a gateway without signatures never loads it."""
     if not spec:
         logger.info(
@@ -38,9 +38,9 @@ def load_authenticator(
             "(every key and fence belongs to tenant 'default')"
         )
         return None
-    from fencegate import signatures
+    from fencegate import signing
 
-    return signatures.load_authenticator(spec, base_dir=base_dir, store_timeout=store_timeout)
+    return signing.load_authenticator(spec, base_dir=base_dir, store_timeout=store_timeout)
 
 
 async def require_schema(store: GatewayStore, *, database_url: str | None, timeout: float) -> None:

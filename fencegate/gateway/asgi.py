@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from fencegate.engine import GatewayResponse, body_too_large
-from fencegate.target import Target
+from fencegate.gateway.engine import GatewayResponse, body_too_large
+from fencegate.gateway.target import Target
 from fencegate.types import IncomingRequest, Receive, Scope, Send
 
 

@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from fencegate.routes import DEFAULT_KEY_METHODS, EntityRule, RoutePolicy
+from fencegate.gateway.routes import DEFAULT_KEY_METHODS, EntityRule, RoutePolicy
 
 DAY = 24 * 3600.0
 

@@ -21,12 +21,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from fencegate import headers as h
-from fencegate.fingerprint import request_fingerprint
-from fencegate.metrics import GatewayMetrics
-from fencegate.problems import Problem
-from fencegate.recorder import OwedWrite, PendingWrites, Write
-from fencegate.routes import RoutePolicy, entity_missing
+from fencegate.gateway import headers as h
+from fencegate.gateway.fingerprint import request_fingerprint
+from fencegate.gateway.metrics import GatewayMetrics
+from fencegate.gateway.problems import Problem
+from fencegate.gateway.recorder import OwedWrite, PendingWrites, Write
+from fencegate.gateway.routes import RoutePolicy, entity_missing
 from fencegate.store.base import (
     DecideRequest,
     Decision,

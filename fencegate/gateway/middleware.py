@@ -14,18 +14,18 @@ import asyncio
 import logging
 from collections.abc import Iterable
 
-from fencegate.asgi import send_response
-from fencegate.engine import (
+from fencegate.gateway.asgi import send_response
+from fencegate.gateway.engine import (
     Engine,
     Forward,
     UpstreamOutcomeUnknown,
     UpstreamResponse,
     problem_response,
 )
-from fencegate.gate import ForwardFactory, Gate, route_request
-from fencegate.metrics import GatewayMetrics
-from fencegate.problems import Problem
-from fencegate.routes import RoutePolicy, RouteTable
+from fencegate.gateway.metrics import GatewayMetrics
+from fencegate.gateway.pipeline import ForwardFactory, Gate, route_request
+from fencegate.gateway.problems import Problem
+from fencegate.gateway.routes import RoutePolicy, RouteTable
 from fencegate.store import GatewayStore, open_gateway_store
 from fencegate.types import ASGIApp, Authenticator, IncomingRequest, Message, Receive, Scope, Send
 

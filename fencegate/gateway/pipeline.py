@@ -8,11 +8,17 @@ import dataclasses
 import logging
 from collections.abc import Callable
 
-from fencegate.asgi import ClientDisconnected, incoming_request, read_body, send_response
-from fencegate.engine import Engine, Forward, GatewayResponse, problem_response, store_unavailable
-from fencegate.problems import Problem
-from fencegate.routes import RoutePolicy, RouteTable
-from fencegate.target import Target, invalid_target, scope_target
+from fencegate.gateway.asgi import ClientDisconnected, incoming_request, read_body, send_response
+from fencegate.gateway.engine import (
+    Engine,
+    Forward,
+    GatewayResponse,
+    problem_response,
+    store_unavailable,
+)
+from fencegate.gateway.problems import Problem
+from fencegate.gateway.routes import RoutePolicy, RouteTable
+from fencegate.gateway.target import Target, invalid_target, scope_target
 from fencegate.types import (
     DEFAULT_TENANT,
     Authenticator,

@@ -15,19 +15,19 @@ import aiohttp
 import yarl
 from multidict import CIMultiDict
 
-from fencegate.engine import (
+from fencegate.gateway.engine import (
     HOP_BY_HOP,
     Forward,
     UpstreamOutcomeUnknown,
     UpstreamRefused,
     UpstreamResponse,
 )
-from fencegate.gate import Gate
-from fencegate.health import StoreHealth
-from fencegate.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from fencegate.metrics import GatewayMetrics
-from fencegate.problems import Problem
-from fencegate.routes import RoutePolicy
+from fencegate.gateway.health import StoreHealth
+from fencegate.gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from fencegate.gateway.metrics import GatewayMetrics
+from fencegate.gateway.pipeline import Gate
+from fencegate.gateway.problems import Problem
+from fencegate.gateway.routes import RoutePolicy
 from fencegate.types import IncomingRequest, Scope, Send
 
 logger = logging.getLogger("fencegate.gateway")

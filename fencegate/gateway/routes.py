@@ -10,7 +10,7 @@ from typing import Literal
 
 import orjson
 
-from fencegate.problems import Problem
+from fencegate.gateway.problems import Problem
 
 DEFAULT_KEY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 

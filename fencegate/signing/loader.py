@@ -1,8 +1,5 @@
-"""Signed worker requests and tenant isolation (RFC 9421 signatures, RFC 9530 digests).
-
-The gateway calls :func:`load_authenticator` once at start-up; workers sign with
-:class:`HttpSigner`. See ``fencegate.signing`` for the pieces.
-"""
+"""The gateway's step 1 from configuration: the key ring read from a file, the environment or
+a table, turned into the authenticator the gateway calls once at start-up."""
 
 from __future__ import annotations
 
@@ -12,23 +9,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from fencegate.signing.keys import KeyConfigError, KeyRing, LoadedKeys, load_keys
-from fencegate.signing.sign import HttpSigner, covered_components
-from fencegate.signing.verify import STRIPPED_HEADERS, SignatureAuthenticator
+from fencegate.signing.keys import KeyConfigError, LoadedKeys, load_keys
+from fencegate.signing.verify import SignatureAuthenticator
 from fencegate.types import Authenticator
 
-__all__ = [
-    "STRIPPED_HEADERS",
-    "HttpSigner",
-    "KeyConfigError",
-    "KeyRing",
-    "SignatureAuthenticator",
-    "covered_components",
-    "load_authenticator",
-    "load_keys",
-]
-
-logger = logging.getLogger("fencegate.signatures")
+logger = logging.getLogger("fencegate.signing")
 
 
 def load_authenticator(

@@ -3,7 +3,7 @@
 A store runs steps 3 and 4 of the decision order as one transaction (`decide`), and later
 records what the upstream did with the reservation it granted (`complete`, `release`,
 `mark_unknown`), each conditional on still owning it. The decision logic around these calls
-lives in `fencegate.engine`; a store only runs SQL.
+lives in `fencegate.gateway.engine`; a store only runs SQL.
 """
 
 from __future__ import annotations

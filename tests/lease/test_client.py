@@ -19,7 +19,7 @@ from fencegate.lease.events import EventLog
 from fencegate.lease.execution import Execution, OwnershipLost, OwnershipUnknown
 from fencegate.lease.job import JobContext
 from fencegate.lease.models import Lease
-from fencegate.signatures import HttpSigner
+from fencegate.signing import HttpSigner
 from tests.support.gateway import GatewayProcess
 from tests.support.upstream import UpstreamProcess
 
