@@ -10,17 +10,14 @@ from urllib.parse import urlsplit, urlunsplit
 import orjson
 import pytest
 
-from fencegate.gateway.engine import (
-    Engine,
-    GatewayResponse,
-    UpstreamOutcomeUnknown,
-    UpstreamRefused,
-    UpstreamResponse,
-)
+from fencegate.gateway.engine import Engine, GatewayResponse
 from fencegate.gateway.metrics import GatewayMetrics
-from fencegate.gateway.routes import RoutePolicy
+from fencegate.gateway.pipeline import Pipeline
+from fencegate.gateway.routes import RoutePolicy, RouteTable
+from fencegate.gateway.upstream import UpstreamOutcomeUnknown, UpstreamRefused, UpstreamResponse
 from fencegate.store import GatewayStore, open_gateway_store
 from fencegate.types import IncomingRequest
+from tests.support.asgi import call
 from tests.support.net import TcpRelay
 
 
@@ -81,15 +78,31 @@ async def test_lost_connection_is_504_outcome_unknown(
     assert upstream.calls == (1 if on_unknown == "reject" else 2)
 
 
-async def test_decisions_are_counted_in_metrics(store: GatewayStore):
+class PipelineUpstream:
+    """The pipeline's view of an upstream: the same scripted `Upstream` behind it."""
+
+    def __init__(self, upstream: Upstream) -> None:
+        self.upstream = upstream
+
+    async def send(self, *args: object, timeout: float) -> UpstreamResponse:
+        return await self.upstream.forward(timeout)
+
+
+async def test_each_decision_is_counted_once_by_the_pipeline(store: GatewayStore):
     metrics = GatewayMetrics()
     engine = Engine(store, store_timeout=30, metrics=metrics)
-    upstream = Upstream()
+    pipeline = Pipeline(
+        engine=engine,
+        routes=RouteTable([], default=RoutePolicy()),
+        upstream=PipelineUpstream(Upstream()),
+    )
     for _ in range(3):
-        await engine.handle(request(), RoutePolicy(), "default", upstream.forward)
+        await call(pipeline, "POST", "/pay", headers=[("idempotency-key", "k")], body=b"{}")
+    await call(pipeline, "POST", "/h/../pay", headers=[("idempotency-key", "k")], body=b"{}")
     text = metrics.render().decode()
     assert 'fencegate_gateway_requests_total{decision="forwarded"} 1.0' in text
     assert 'fencegate_gateway_requests_total{decision="replayed"} 2.0' in text
+    assert 'fencegate_gateway_requests_total{decision="400"} 1.0' in text
     assert 'fencegate_store_latency_seconds_count{operation="decide"} 3.0' in text
     assert "fencegate_upstream_latency_seconds_count 1.0" in text
 

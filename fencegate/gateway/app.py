@@ -14,9 +14,10 @@ from fencegate.gateway.config import GatewayConfig
 from fencegate.gateway.engine import Engine
 from fencegate.gateway.health import StoreHealth
 from fencegate.gateway.metrics import GatewayMetrics
-from fencegate.gateway.pipeline import Gate
-from fencegate.gateway.proxy import ReverseProxy, UpstreamClient
+from fencegate.gateway.pipeline import Pipeline
+from fencegate.gateway.proxy import ReverseProxy
 from fencegate.gateway.routes import RouteTable
+from fencegate.gateway.upstream import HttpUpstream
 from fencegate.schema import check_applied
 from fencegate.store import GatewayStore, StoreUnavailable, open_gateway_store
 from fencegate.types import Authenticator, Receive, Scope, Send
@@ -69,7 +70,7 @@ class GatewayApplication:
         self.store: GatewayStore | None = None
         self.engine: Engine | None = None
         self.proxy: ReverseProxy | None = None
-        self._client: UpstreamClient | None = None
+        self._client: HttpUpstream | None = None
         self._purger: asyncio.Task[None] | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -104,13 +105,13 @@ class GatewayApplication:
             metrics=self.metrics,
         )
         routes = RouteTable(self.config.policies(), default=self.config.default_policy())
-        gate = Gate(engine=engine, routes=routes, authenticator=authenticator)
-        self._client = UpstreamClient()
+        self._client = HttpUpstream()
         await self._client.start()
         self.engine = engine
         self.proxy = ReverseProxy(
-            gate=gate,
-            client=self._client,
+            pipeline=Pipeline(
+                engine=engine, routes=routes, upstream=self._client, authenticator=authenticator
+            ),
             health=StoreHealth(
                 self.store, database_url=settings.database_url, timeout=settings.store_timeout
             ),

@@ -14,93 +14,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from fencegate.gateway.routes import DEFAULT_KEY_METHODS, EntityRule, RoutePolicy
+from fencegate.errors import FencegateError
+from fencegate.gateway.routes import RoutePolicy, check_upstream
 
 DAY = 24 * 3600.0
-
-
-class Route(BaseModel):
-    """One ``[[routes]]`` entry: the policy for every path under ``prefix``."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    prefix: str = "/"
-    upstream: str | None = None  # default: the gateway's --upstream
-    methods: list[str] = Field(default_factory=lambda: sorted(DEFAULT_KEY_METHODS))
-    key_required: bool = True
-    fence_required: bool = False
-    entity: str = "header"
-    # None: the gateway-wide setting (upstream_timeout, max_body_bytes, key_ttl_seconds)
-    timeout: float | None = Field(default=None, gt=0)
-    stored_statuses: list[int] | None = None
-    store_5xx: bool = False
-    on_unknown: Literal["retry", "reject"] = "reject"
-    allow_encoded_slashes: bool = False
-    max_body_bytes: int | None = Field(default=None, gt=0)
-    max_stored_body_bytes: int = Field(default=1024 * 1024, ge=0)
-    key_ttl_seconds: float | None = Field(default=None, gt=0)
-
-    @field_validator("prefix")
-    @classmethod
-    def _prefix(cls, value: str) -> str:
-        if not value.startswith("/"):
-            raise ValueError("must start with '/'")
-        return value
-
-    @field_validator("upstream")
-    @classmethod
-    def _upstream(cls, value: str | None) -> str | None:
-        if value is not None:
-            check_upstream(value)
-        return value
-
-    @field_validator("methods")
-    @classmethod
-    def _methods(cls, value: list[str]) -> list[str]:
-        methods = [m.upper() for m in value]
-        for method in methods:
-            if not method.isalpha():
-                raise ValueError(f"{method!r} is not an HTTP method")
-        return methods
-
-    @field_validator("entity")
-    @classmethod
-    def _entity(cls, value: str) -> str:
-        EntityRule(value)  # raises ValueError with the reason
-        return value
-
-    @field_validator("stored_statuses")
-    @classmethod
-    def _statuses(cls, value: list[int] | None) -> list[int] | None:
-        for status in value or []:
-            if not 100 <= status <= 599:
-                raise ValueError(f"{status} is not an HTTP status")
-        return value
-
-    def policy(self, settings: GatewaySettings) -> RoutePolicy:
-        return RoutePolicy(
-            prefix=self.prefix,
-            upstream=(self.upstream or settings.upstream or "").rstrip("/") or None,
-            key_methods=frozenset(self.methods),
-            key_required=self.key_required,
-            fence_required=self.fence_required,
-            entity=EntityRule(self.entity),
-            timeout=self.timeout or settings.upstream_timeout,
-            stored_statuses=frozenset(self.stored_statuses)
-            if self.stored_statuses is not None
-            else None,
-            store_5xx=self.store_5xx,
-            on_unknown=self.on_unknown,
-            allow_encoded_slashes=self.allow_encoded_slashes,
-            max_body_bytes=self.max_body_bytes or settings.max_body_bytes,
-            max_stored_body_bytes=self.max_stored_body_bytes,
-            key_ttl_seconds=self.key_ttl_seconds or settings.key_ttl_seconds,
-        )
-
-
-def check_upstream(value: str) -> None:
-    if not value.startswith(("http://", "https://")):
-        raise ValueError("must be an http:// or https:// URL")
 
 
 class GatewaySettings(BaseSettings):
@@ -134,28 +51,45 @@ class GatewaySettings(BaseSettings):
     @field_validator("upstream")
     @classmethod
     def _upstream(cls, value: str | None) -> str | None:
-        if value is not None:
-            check_upstream(value)
+        check_upstream(value)
         return value
 
 
-class ConfigError(ValueError):
+def route_policy(entry: dict[str, Any], settings: GatewaySettings) -> RoutePolicy:
+    """A ``[[routes]]`` table as a `RoutePolicy`: what it leaves out comes from the
+    gateway-wide settings (upstream, upstream timeout, body limit, key TTL)."""
+    inherited: dict[str, Any] = {
+        "upstream": settings.upstream,
+        "timeout": settings.upstream_timeout,
+        "max_body_bytes": settings.max_body_bytes,
+        "key_ttl_seconds": settings.key_ttl_seconds,
+    }
+    given = {("key_methods" if k == "methods" else k): v for k, v in entry.items()}
+    for name, value in inherited.items():
+        if given.get(name) is None:
+            given[name] = value
+    return RoutePolicy(**given)
+
+
+class ConfigError(FencegateError, ValueError):
     """A refused configuration; the message names the field and the reason."""
 
 
 class GatewayConfig(BaseModel):
     """Settings plus routes, ready to build a gateway from."""
 
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
     settings: GatewaySettings
-    routes: list[Route] = Field(default_factory=list)
+    routes: list[RoutePolicy] = Field(default_factory=list)
     keys_table: dict[str, Any] | list[Any] | None = None
 
     def policies(self) -> list[RoutePolicy]:
-        return [r.policy(self.settings) for r in self.routes]
+        return list(self.routes)
 
     def default_policy(self) -> RoutePolicy:
         """The policy for paths under no configured route."""
-        return Route().policy(self.settings)
+        return route_policy({}, self.settings)
 
     def base_dir(self) -> Path | None:
         """Relative paths in the config file are relative to the file."""
@@ -184,7 +118,10 @@ def describe(exc: ValidationError, *, prefix: str = "") -> str:
                 where += f"[{loc}]"
             else:
                 where += f".{loc}" if where else str(loc)
+        where = where.replace(".key_methods", ".methods")  # the config file's name for it
         message = error["msg"].removeprefix("Value error, ")
+        if error["type"] == "unexpected_keyword_argument":
+            message = "Extra inputs are not permitted"  # as for the other tables
         parts.append(f"{where or 'config'}: {message}")
     return "; ".join(parts)
 
@@ -220,10 +157,10 @@ def load_config(overrides: dict[str, Any] | None = None) -> GatewayConfig:
         settings = GatewaySettings(**{**file.gateway, **explicit})
     except ValidationError as exc:
         raise ConfigError(f"{path}: {describe(exc, prefix='gateway')}") from exc
-    routes: list[Route] = []
+    routes: list[RoutePolicy] = []
     for index, entry in enumerate(file.routes):
         try:
-            routes.append(Route.model_validate(entry))
+            routes.append(route_policy(entry, settings))
         except ValidationError as exc:
             raise ConfigError(f"{path}: {describe(exc, prefix=f'routes[{index}]')}") from exc
     config = GatewayConfig(settings=settings, routes=routes, keys_table=file.keys)

@@ -17,16 +17,22 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from fencegate.gateway import headers as h
 from fencegate.gateway.fingerprint import request_fingerprint
+from fencegate.gateway.headers import NOT_REPLAYED
 from fencegate.gateway.metrics import GatewayMetrics
 from fencegate.gateway.problems import Problem
 from fencegate.gateway.recorder import OwedWrite, PendingWrites, Write
 from fencegate.gateway.routes import RoutePolicy, entity_missing
+from fencegate.gateway.upstream import (
+    Forward,
+    UpstreamOutcomeUnknown,
+    UpstreamRefused,
+    UpstreamResponse,
+)
 from fencegate.store.base import (
     DecideRequest,
     Decision,
@@ -40,46 +46,10 @@ from fencegate.types import IncomingRequest
 
 logger = logging.getLogger("fencegate.gateway")
 
-HOP_BY_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "trailers",
-        "transfer-encoding",
-        "upgrade",
-    }
-)
 # 424 Failed Dependency: this request depends on an earlier attempt whose outcome is
 # unknown. Neither the idempotency draft nor the common SDKs (Stripe, urllib3, httpx retry
 # transports) treat it as "retry later".
 OUTCOME_UNKNOWN_STATUS = 424
-
-# Never replayed: per-connection, per-moment or per-user state of the first answer.
-NOT_REPLAYED = HOP_BY_HOP | {"set-cookie", "date", "content-length"}
-
-
-@dataclass(frozen=True, slots=True)
-class UpstreamResponse:
-    status: int
-    headers: list[tuple[str, str]]
-    body: bytes
-
-
-class UpstreamRefused(Exception):
-    """Nothing reached the upstream (connection refused, no route): running again is safe."""
-
-
-class UpstreamOutcomeUnknown(Exception):
-    """The request may have reached the upstream, but no answer came back in time."""
-
-
-# forward(timeout) -> the upstream's answer; raises UpstreamRefused / UpstreamOutcomeUnknown.
-Forward = Callable[[float], Awaitable[UpstreamResponse]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,13 +107,12 @@ class Engine:
         tenant: str,
         forward: Forward,
     ) -> GatewayResponse:
+        """The answer, with its decision label (the pipeline counts it). The request's body
+        is already within the route's limit (the pipeline checked it while reading)."""
         try:
-            response = await self._handle(request, policy, tenant, forward)
+            return await self._handle(request, policy, tenant, forward)
         except Problem as problem:
-            response = problem_response(problem)
-        if self.metrics is not None:
-            self.metrics.count(response.decision)
-        return response
+            return problem_response(problem)
 
     async def _handle(
         self, request: IncomingRequest, policy: RoutePolicy, tenant: str, forward: Forward
@@ -155,8 +124,6 @@ class Engine:
         key = h.parse_idempotency_key(request.header_values(h.IDEMPOTENCY_KEY))
         fence = h.parse_fence(request.header_values(h.EXECUTION_FENCE))
         entity_header = h.parse_entity(request.header_values(h.EXECUTION_ENTITY))
-        if len(request.body) > policy.max_body_bytes:
-            raise body_too_large(policy.max_body_bytes)
         if key is None and policy.key_required:
             raise Problem(
                 400,

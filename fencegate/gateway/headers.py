@@ -92,3 +92,21 @@ def parse_fence(values: list[str]) -> int | None:
             "without sign or spaces",
         )
     return int(raw)
+
+
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+# Never replayed: per-connection, per-moment or per-user state of the first answer.
+NOT_REPLAYED = HOP_BY_HOP | {"set-cookie", "date", "content-length"}

@@ -15,19 +15,14 @@ import logging
 from collections.abc import Iterable
 
 from fencegate.gateway.asgi import send_response
-from fencegate.gateway.engine import (
-    Engine,
-    Forward,
-    UpstreamOutcomeUnknown,
-    UpstreamResponse,
-    problem_response,
-)
+from fencegate.gateway.engine import Engine, problem_response
 from fencegate.gateway.metrics import GatewayMetrics
-from fencegate.gateway.pipeline import ForwardFactory, Gate, route_request
+from fencegate.gateway.pipeline import Pipeline, route_request
 from fencegate.gateway.problems import Problem
 from fencegate.gateway.routes import RoutePolicy, RouteTable
+from fencegate.gateway.upstream import AppUpstream
 from fencegate.store import GatewayStore, open_gateway_store
-from fencegate.types import ASGIApp, Authenticator, IncomingRequest, Message, Receive, Scope, Send
+from fencegate.types import ASGIApp, Authenticator, Message, Receive, Scope, Send
 
 logger = logging.getLogger("fencegate.gateway")
 
@@ -58,7 +53,7 @@ class FenceGateMiddleware:
         self._lease_seconds = inflight_lease_seconds
         self._store_timeout = store_timeout
         self.metrics = metrics or GatewayMetrics()
-        self._gate: Gate | None = None
+        self._pipeline: Pipeline | None = None
         self._opening = asyncio.Lock()
         if authenticator is None:
             logger.info(
@@ -75,20 +70,20 @@ class FenceGateMiddleware:
             await self.app(scope, receive, send)
             return
         try:
-            routed = route_request(self._routes, scope)
+            target, policy = route_request(self._routes, scope)
         except Problem as problem:
             self.metrics.count("invalid_target")
             await send_response(send, problem_response(problem, "invalid_target"))
             return
-        if self._authenticator is None and not routed[1].guards(scope["method"]):
+        if self._authenticator is None and not policy.guards(scope["method"]):
             await self.app(scope, receive, send)
             return
-        gate = self._gate or await self._open()
-        await gate.handle(scope, receive, send, self._forwarder(scope, receive), routed)
+        pipeline = self._pipeline or await self._open()
+        await pipeline.handle(scope, receive, send, target, policy)
 
-    async def _open(self) -> Gate:
+    async def _open(self) -> Pipeline:
         async with self._opening:
-            if self._gate is None:
+            if self._pipeline is None:
                 if self._store is None:
                     self._store = await open_gateway_store(self._database_url)
                 engine = Engine(
@@ -97,19 +92,22 @@ class FenceGateMiddleware:
                     store_timeout=self._store_timeout,
                     metrics=self.metrics,
                 )
-                self._gate = Gate(
-                    engine=engine, routes=self._routes, authenticator=self._authenticator
+                self._pipeline = Pipeline(
+                    engine=engine,
+                    routes=self._routes,
+                    upstream=AppUpstream(self.app),
+                    authenticator=self._authenticator,
                 )
-            return self._gate
+            return self._pipeline
 
     async def close(self, *, grace: float = 10.0) -> None:
-        if self._gate is not None:
+        if self._pipeline is not None:
             # Answers the store has not taken yet: keep trying within the grace period.
-            await self._gate.engine.pending.drain(grace=grace)
+            await self._pipeline.engine.pending.drain(grace=grace)
         if self._owns_store and self._store is not None:
             await self._store.close()
             self._store = None
-            self._gate = None
+            self._pipeline = None
 
     async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
         async def wrapped_receive() -> Message:
@@ -119,53 +117,3 @@ class FenceGateMiddleware:
             return message
 
         await self.app(scope, wrapped_receive, send)
-
-    def _forwarder(self, scope: Scope, receive: Receive) -> ForwardFactory:
-        def make(request: IncomingRequest, policy: RoutePolicy) -> Forward:
-            return _AppForward(self.app, scope, receive, request).forward
-
-        return make
-
-
-class _AppForward:
-    """Calls the wrapped app with the buffered body and captures its whole answer."""
-
-    def __init__(self, app: ASGIApp, scope: Scope, receive: Receive, request: IncomingRequest):
-        self.app = app
-        self.receive = receive
-        self.request = request
-        inner = dict(scope)
-        # Forward exactly the headers the engine saw (verified signature headers removed).
-        inner["headers"] = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in request.headers]
-        self.scope = inner
-        self._body_sent = False
-
-    async def _receive(self) -> Message:
-        if not self._body_sent:
-            self._body_sent = True
-            return {"type": "http.request", "body": self.request.body, "more_body": False}
-        return await self.receive()
-
-    async def forward(self, timeout: float) -> UpstreamResponse:
-        status = 500
-        headers: list[tuple[str, str]] = []
-        chunks: list[bytes] = []
-
-        async def capture(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = int(message["status"])
-                headers.extend(
-                    (k.decode("latin-1"), v.decode("latin-1")) for k, v in message["headers"]
-                )
-            elif message["type"] == "http.response.body":
-                chunks.append(message.get("body", b""))
-
-        try:
-            async with asyncio.timeout(timeout):
-                await self.app(self.scope, self._receive, capture)
-        except TimeoutError as exc:
-            raise UpstreamOutcomeUnknown(
-                f"the application did not answer within {timeout}s"
-            ) from exc
-        return UpstreamResponse(status, headers, b"".join(chunks))

@@ -6,11 +6,13 @@ from typing import Any
 
 import orjson
 
+from fencegate.errors import FencegateError
+
 PROBLEM_CONTENT_TYPE = "application/problem+json"
 PROBLEM_TYPE_BASE = "https://fencegate.dev/problems/"
 
 
-class Problem(Exception):
+class Problem(FencegateError):
     """An error answer. `kind` is the short problem type, e.g. ``stale-fence``."""
 
     def __init__(

@@ -6,9 +6,11 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Annotated, Literal
 
 import orjson
+from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field
+from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from fencegate.gateway.problems import Problem
 
@@ -89,25 +91,68 @@ class EntityRule:
         return f"{self._json_path[-1]}:{text}"
 
 
-@dataclass(frozen=True, slots=True)
+def _entity_rule(value: object) -> object:
+    return EntityRule(value) if isinstance(value, str) else value
+
+
+def _upper_methods(value: object) -> object:
+    if isinstance(value, list | tuple | set | frozenset):
+        methods = frozenset(str(m).upper() for m in value)
+        for method in methods:
+            if not method.isalpha():
+                raise ValueError(f"{method!r} is not an HTTP method")
+        return methods
+    return value
+
+
+def check_upstream(value: str | None) -> str | None:
+    if value is None:
+        return None
+    if not value.startswith(("http://", "https://")):
+        raise ValueError("must be an http:// or https:// URL")
+    return value.rstrip("/") or None
+
+
+def _check_prefix(value: str) -> str:
+    if not value.startswith("/"):
+        raise ValueError("must start with '/'")
+    return value
+
+
+def _check_statuses(value: frozenset[int] | None) -> frozenset[int] | None:
+    for status in value or ():
+        if not 100 <= status <= 599:
+            raise ValueError(f"{status} is not an HTTP status")
+    return value
+
+
+# The one definition of a route: built by the middleware's users in Python, and validated
+# from the ``[[routes]]`` tables of a config file (which say ``methods`` for key_methods).
+@pydantic_dataclass(
+    frozen=True,
+    slots=True,
+    config=ConfigDict(extra="forbid", arbitrary_types_allowed=True),
+)
 class RoutePolicy:
-    prefix: str = "/"
-    upstream: str | None = None
-    key_methods: frozenset[str] = DEFAULT_KEY_METHODS
+    prefix: Annotated[str, AfterValidator(_check_prefix)] = "/"
+    upstream: Annotated[str | None, AfterValidator(check_upstream)] = None
+    # Methods that go through the key and fence checks; the others pass straight through.
+    key_methods: Annotated[frozenset[str], BeforeValidator(_upper_methods)] = DEFAULT_KEY_METHODS
     key_required: bool = True
     fence_required: bool = False
-    entity: EntityRule = field(default_factory=EntityRule)
-    timeout: float = 30.0
-    stored_statuses: frozenset[int] | None = None  # None: every status below 500
+    entity: Annotated[EntityRule, BeforeValidator(_entity_rule)] = field(default_factory=EntityRule)
+    timeout: Annotated[float, Field(gt=0)] = 30.0  # the upstream's deadline, seconds
+    # None: every status below 500 (and 5xx too with store_5xx).
+    stored_statuses: Annotated[frozenset[int] | None, AfterValidator(_check_statuses)] = None
     store_5xx: bool = False
     # reject: an unknown outcome is never forwarded again (safe for any upstream); retry:
     # forwarded again with the same key, only for upstreams that deduplicate by it.
     on_unknown: Literal["retry", "reject"] = "reject"
     # A "%2F" in a path is refused unless the route says its upstream reads it as data.
     allow_encoded_slashes: bool = False
-    max_body_bytes: int = 10 * 1024 * 1024
-    max_stored_body_bytes: int = 1024 * 1024
-    key_ttl_seconds: float = 24 * 3600.0
+    max_body_bytes: Annotated[int, Field(gt=0)] = 10 * 1024 * 1024
+    max_stored_body_bytes: Annotated[int, Field(ge=0)] = 1024 * 1024
+    key_ttl_seconds: Annotated[float, Field(gt=0)] = 24 * 3600.0
 
     def stores(self, status: int) -> bool:
         if self.stored_statuses is not None:

@@ -1,0 +1,211 @@
+"""Where the pipeline sends an allowed request, and how a failure there is told apart.
+
+The engine treats the two ways an upstream call fails differently: nothing was sent
+(connection refused) → the key is released, 502; sent but no answer (timeout, connection
+lost) → outcome unknown, 504.
+
+- `HttpUpstream`: an HTTP API, over one pooled aiohttp session (`fencegate serve`);
+- `AppUpstream`: the ASGI app `FenceGateMiddleware` wraps, called in-process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Protocol
+from urllib.parse import urlsplit
+
+import aiohttp
+import yarl
+from multidict import CIMultiDict
+
+from fencegate.errors import FencegateError
+from fencegate.gateway.headers import HOP_BY_HOP
+from fencegate.gateway.routes import RoutePolicy
+from fencegate.types import ASGIApp, IncomingRequest, Message, Receive, Scope
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamResponse:
+    status: int
+    headers: list[tuple[str, str]]
+    body: bytes
+
+
+class UpstreamRefused(FencegateError):
+    """Nothing reached the upstream (connection refused, no route): running again is safe."""
+
+
+class UpstreamOutcomeUnknown(FencegateError):
+    """The request may have reached the upstream, but no answer came back in time."""
+
+
+# forward(timeout) -> the upstream's answer; raises UpstreamRefused / UpstreamOutcomeUnknown.
+Forward = Callable[[float], Awaitable[UpstreamResponse]]
+
+
+class Upstream(Protocol):
+    async def send(
+        self,
+        request: IncomingRequest,
+        policy: RoutePolicy,
+        scope: Scope,
+        receive: Receive,
+        *,
+        timeout: float,
+    ) -> UpstreamResponse: ...
+
+
+# Not forwarded upstream: per-hop, or recomputed by the client session.
+_NOT_FORWARDED = HOP_BY_HOP | {"host", "content-length", "expect"}
+# Not relayed back: per-hop; the body is whole so its length is recomputed on sending.
+_NOT_RELAYED = HOP_BY_HOP | {"content-length"}
+_NOT_RELAYED_HEAD = HOP_BY_HOP
+
+# Below the keep-alive timeout of common servers (uvicorn: 5 s), so that a request is never
+# written on a pooled connection the upstream is closing: that would be an unknown outcome.
+KEEPALIVE_SECONDS = 4.0
+CONNECT_TIMEOUT = 10.0
+
+
+class HttpUpstream:
+    def __init__(self, *, max_connections: int = 200) -> None:
+        self._max_connections = max_connections
+        self._session: aiohttp.ClientSession | None = None
+        # One per distinct route timeout, built once rather than for every request.
+        self._timeouts: dict[float, aiohttp.ClientTimeout] = {}
+
+    async def start(self) -> None:
+        connector = aiohttp.TCPConnector(
+            limit=self._max_connections,
+            keepalive_timeout=KEEPALIVE_SECONDS,
+            ttl_dns_cache=300,
+        )
+        self._session = aiohttp.ClientSession(
+            connector=connector,
+            auto_decompress=False,  # relay the bytes as the upstream encoded them
+            # Send the caller's headers, not ones the client library would invent.
+            skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
+            cookie_jar=aiohttp.DummyCookieJar(),
+        )
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def send(
+        self,
+        request: IncomingRequest,
+        policy: RoutePolicy,
+        scope: Scope,
+        receive: Receive,
+        *,
+        timeout: float,
+    ) -> UpstreamResponse:
+        session = self._session
+        if session is None:
+            raise RuntimeError("the upstream client is not started")
+        upstream = policy.upstream
+        if upstream is None:
+            raise UpstreamRefused(f"no upstream is configured for {policy.prefix}")
+        query = f"?{request.query_string}" if request.query_string else ""
+        # The target byte for byte as received: yarl must not re-encode or normalise it.
+        url = yarl.URL(f"{upstream}{request.path}{query}", encoded=True)
+        client_timeout = self._timeouts.get(timeout)
+        if client_timeout is None:
+            client_timeout = self._timeouts[timeout] = aiohttp.ClientTimeout(
+                total=timeout, sock_connect=min(timeout, CONNECT_TIMEOUT)
+            )
+        try:
+            async with session.request(
+                request.method,
+                url,
+                headers=forwarded_headers(request, upstream),
+                data=request.body if request.body else None,
+                timeout=client_timeout,
+                allow_redirects=False,
+            ) as response:
+                body = await response.read()
+                # A HEAD answer's Content-Length describes the body a GET would get.
+                dropped = _NOT_RELAYED_HEAD if request.method == "HEAD" else _NOT_RELAYED
+                relayed = [
+                    (name, v.decode("latin-1"))
+                    for k, v in response.raw_headers
+                    if (name := k.decode("latin-1")).lower() not in dropped
+                ]
+                return UpstreamResponse(response.status, relayed, body)
+        except (aiohttp.ConnectionTimeoutError, aiohttp.ClientConnectorError) as exc:
+            raise UpstreamRefused(str(exc) or type(exc).__name__) from exc
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            detail = f"no answer within {timeout}s" if isinstance(exc, TimeoutError) else exc
+            raise UpstreamOutcomeUnknown(str(detail) or type(exc).__name__) from exc
+
+
+def forwarded_headers(request: IncomingRequest, upstream: str) -> CIMultiDict[str]:
+    """The request's headers as the upstream should see them: per-hop ones removed
+    (including those the Connection header names), Host set to the upstream's."""
+    named = {
+        token.strip().lower()
+        for value in request.header_values("connection")
+        for token in value.split(",")
+    }
+    headers: CIMultiDict[str] = CIMultiDict(
+        (k, v) for k, v in request.headers if k not in _NOT_FORWARDED and k not in named
+    )
+    headers["host"] = urlsplit(upstream).netloc
+    headers["x-forwarded-host"] = request.authority
+    headers["x-forwarded-proto"] = request.scheme
+    return headers
+
+
+class AppUpstream:
+    """The wrapped ASGI app, called with the buffered body; its whole answer is captured."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def send(
+        self,
+        request: IncomingRequest,
+        policy: RoutePolicy,
+        scope: Scope,
+        receive: Receive,
+        *,
+        timeout: float,
+    ) -> UpstreamResponse:
+        inner = dict(scope)
+        # Exactly the headers the engine saw (verified signature headers removed).
+        inner["headers"] = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in request.headers]
+        body_sent = False
+
+        async def replay_body() -> Message:
+            nonlocal body_sent
+            if not body_sent:
+                body_sent = True
+                return {"type": "http.request", "body": request.body, "more_body": False}
+            return await receive()
+
+        status = 500
+        headers: list[tuple[str, str]] = []
+        chunks: list[bytes] = []
+
+        async def capture(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+                headers.extend(
+                    (k.decode("latin-1"), v.decode("latin-1")) for k, v in message["headers"]
+                )
+            elif message["type"] == "http.response.body":
+                chunks.append(message.get("body", b""))
+
+        try:
+            async with asyncio.timeout(timeout):
+                await self.app(inner, replay_body, capture)
+        except TimeoutError as exc:
+            raise UpstreamOutcomeUnknown(
+                f"the application did not answer within {timeout}s"
+            ) from exc
+        return UpstreamResponse(status, headers, b"".join(chunks))
