@@ -6,12 +6,14 @@ The receiver half (`FenceGateMiddleware`, `fencegate serve`) and the worker half
 
 from typing import TYPE_CHECKING, Any
 
+from fencegate.errors import FencegateError, StoreUnavailable
+
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from fencegate.gateway.middleware import FenceGateMiddleware
 
-__all__ = ["FenceGateMiddleware", "__version__"]
+__all__ = ["FenceGateMiddleware", "FencegateError", "StoreUnavailable", "__version__"]
 
 
 def __getattr__(name: str) -> Any:

@@ -8,6 +8,8 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from fencegate.errors import FencegateError
+
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("fencegate.commands.serve", "run the gateway in front of an upstream HTTP API"),
@@ -57,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
-class CommandError(Exception):
+class CommandError(FencegateError):
     """A user-facing failure: printed as one clear line, exit status 2."""
 
 

@@ -11,10 +11,11 @@ from __future__ import annotations
 from typing import Literal
 from urllib.parse import urlsplit, urlunsplit
 
+from fencegate.errors import FencegateError
 from fencegate.migrations import migration_files
 
 
-class SchemaMismatch(Exception):
+class SchemaMismatch(FencegateError):
     """The database lacks the schema this code needs (or has one from a newer release)."""
 
 

@@ -6,13 +6,20 @@ did not answer in time, so ownership of any lease is *unknown* (not lost).
 
 from __future__ import annotations
 
+from fencegate.errors import FencegateError, StoreUnavailable
 
-class LeaseQueueError(Exception):
-    """Base class of every lease-queue error."""
+__all__ = [
+    "IntervalRuleViolation",
+    "JobNotFound",
+    "LeaseQueueError",
+    "StoreUnavailable",
+    "UnknownWorkClass",
+]
 
 
-class StoreUnavailable(LeaseQueueError):
-    """The database was unreachable or did not answer within the call's timeout."""
+class LeaseQueueError(FencegateError):
+    """Base class of the lease queue's own errors (store trouble is `StoreUnavailable`, the
+    same class the gateway's stores raise)."""
 
 
 class IntervalRuleViolation(LeaseQueueError, ValueError):

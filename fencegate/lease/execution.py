@@ -15,11 +15,13 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from fencegate.errors import FencegateError
+
 if TYPE_CHECKING:
     from fencegate.lease.models import Lease
 
 
-class OwnershipError(Exception):
+class OwnershipError(FencegateError):
     """The job may no longer act on the outside world."""
 
     def __init__(self, job_id: Any, fencing_token: int, detail: str) -> None:
@@ -37,7 +39,7 @@ class OwnershipUnknown(OwnershipError):
     """The lease could not be confirmed recently enough: start no new external action."""
 
 
-class PermanentError(Exception):
+class PermanentError(FencegateError):
     """Raised by a tool for a failure that retrying cannot fix: the job fails at once."""
 
 

@@ -28,6 +28,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
+from fencegate.errors import FencegateError
+
 Algorithm = Literal["hmac-sha256", "ed25519"]
 ALGORITHMS: tuple[str, ...] = ("hmac-sha256", "ed25519")
 
@@ -36,7 +38,7 @@ MIN_HMAC_SECRET_BYTES = 32
 _KEY_ID_PATTERN = r"^[\x21-\x7e]{1,255}$"
 
 
-class KeyConfigError(ValueError):
+class KeyConfigError(FencegateError, ValueError):
     """A key file or key entry that cannot be trusted; the message names entry and field."""
 
 

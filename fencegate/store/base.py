@@ -12,12 +12,13 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Literal, Protocol
 
+from fencegate.errors import StoreUnavailable
+
+__all__ = ["StoreUnavailable"]  # one class for every store, defined with the error root
+
 DEFAULT_FENCE_TTL_SECONDS = 30 * 24 * 3600.0  # fences outlive keys: a late worker may wake up
 
 
-class StoreUnavailable(Exception):
-    """The store did not answer in time, could not be reached, or failed in any other way
-    (a driver, protocol or schema error): the gateway fails closed."""
 
 
 class Outcome(StrEnum):

@@ -1,0 +1,14 @@
+"""The root of every error fencegate raises on purpose: ``except FencegateError`` catches
+them all (store trouble, a refused configuration, lost ownership, an error answer)."""
+
+from __future__ import annotations
+
+
+class FencegateError(Exception):
+    """Base class of every fencegate error."""
+
+
+class StoreUnavailable(FencegateError):
+    """The store did not answer in time, could not be reached, or failed in any other way (a
+    driver, protocol or schema error). The gateway fails closed (503); a worker treats its
+    ownership as unknown, not lost."""
