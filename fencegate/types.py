@@ -34,10 +34,18 @@ class IncomingRequest:
     # The path as the upstream reads it (percent-decoded; an encoded "/" stays "%2F"):
     # routes and path entities use it. None: the same as ``path``.
     decoded_path: str | None = None
+    # The caller's X-Request-Id when it is a sane one, else one made up for this request:
+    # it ties the decision log, the decision history and the upstream's logs together.
+    request_id: str = ""
 
     @property
     def route_path(self) -> str:
         return self.path if self.decoded_path is None else self.decoded_path
+
+    @property
+    def target(self) -> str:
+        """The request target as sent: path and query."""
+        return f"{self.path}?{self.query_string}" if self.query_string else self.path
 
     def header_values(self, name: str) -> list[str]:
         name = name.lower()

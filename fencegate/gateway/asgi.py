@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import re
+import uuid
+
 from fencegate.gateway.engine import GatewayResponse, body_too_large
 from fencegate.gateway.target import Target
 from fencegate.types import IncomingRequest, Receive, Scope, Send
+
+# A caller's request id is kept only when it is short and plain: it goes into logs and the
+# decision history.
+_SANE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}")
 
 
 class ClientDisconnected(Exception):
@@ -43,12 +50,15 @@ async def read_body(scope: Scope, receive: Receive, *, limit: int) -> bytes:
 
 def incoming_request(scope: Scope, body: bytes, target: Target) -> IncomingRequest:
     authority = ""
+    request_id = ""
     headers: list[tuple[str, str]] = []
     for name, value in scope["headers"]:
         key = name.decode("latin-1").lower()
         text = value.decode("latin-1")
         if key == "host" and not authority:
             authority = text
+        elif key == "x-request-id" and not request_id and _SANE_REQUEST_ID.fullmatch(text):
+            request_id = text
         headers.append((key, text))
     if not authority and scope.get("server"):
         host, port = scope["server"]
@@ -62,6 +72,7 @@ def incoming_request(scope: Scope, body: bytes, target: Target) -> IncomingReque
         headers=tuple(headers),
         body=body,
         decoded_path=target.route_path,
+        request_id=request_id or uuid.uuid4().hex[:16],
     )
 
 

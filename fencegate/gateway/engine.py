@@ -161,6 +161,9 @@ class Engine:
                 lease_seconds=self.lease_seconds,
                 ttl_seconds=policy.key_ttl_seconds,
                 retry_unknown=policy.on_unknown == "retry",
+                request_id=request.request_id,
+                method=request.method,
+                target=request.target,
             )
         )
         outcome = decision.outcome

@@ -53,6 +53,10 @@ class DecideRequest:
     lease_seconds: float
     ttl_seconds: float
     retry_unknown: bool
+    # For the decision history (written in the decision's own transaction); never payloads.
+    request_id: str = ""
+    method: str = ""
+    target: str = ""  # the target as sent, path and query
 
 
 @dataclass(frozen=True, slots=True)
