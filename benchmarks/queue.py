@@ -1,22 +1,24 @@
-"""Lease queue benchmark: fencegate's LeaseQueue and PgQueuer side by side on one server.
+"""Lease queue benchmark: the fencegate `Worker`, the bare queue, and PgQueuer, side by side.
 
-No-op jobs go through enqueue (batched) -> claim (batched) -> heartbeat (one extend per job,
-the batch renewed in one statement) -> complete (batched), with N worker tasks, on a fresh
-PostgreSQL database per run; the same number of jobs goes through PgQueuer (its own fresh
-database, its schema installed, N queue managers in drain mode, one connection each, the same
-batch size). The two alternate for several rounds and the table shows each one's median, so
-that a busy machine hurts both alike. Then:
+On one PostgreSQL server, each on a fresh database, at the same concurrency (one process each):
 
-- pickup latency: workers idle-wait (LISTEN/NOTIFY), one job is enqueued, time until a
-  worker holds it; p50/p99 over many samples, for both queues;
-- recovery after SIGKILL: a separate process claims a job with a 2 s lease and is killed;
-  time until another claimer holds the job.
+- the fencegate `Worker` (claim loop, heartbeat thread, events, metrics, group commit,
+  claiming ahead) draining no-op jobs until idle;
+- the bare queue, pipelined: claim a batch, commit it with one ``complete_many`` while the
+  next claim runs (what the queue costs without a worker around it);
+- PgQueuer's runner (``QueueManager.run`` in drain mode, batch size = the concurrency).
+
+They alternate for several rounds and the table shows each one's median, so that a busy
+machine hurts all alike. Then: Worker throughput with 1, 2 and 4 worker processes; pickup
+latency (idle workers waiting on LISTEN/NOTIFY, one job enqueued, time until a tool holds it);
+and recovery after SIGKILL of a Worker process holding a job (time until another claimer
+holds it; the lease's remaining time is the floor).
 
 Run from the repository root (server from ``FENCEGATE_BENCH_DATABASE_URL``, default
 postgresql://postgres@127.0.0.1:5432/postgres)::
 
-    python -m benchmarks.queue [--jobs 5000] [--workers 4 8] [--batch 10] [--rounds 5]
-                               [--samples 100] [--profile]
+    python -m benchmarks.queue [--jobs 5000] [--concurrency 10] [--processes 1 2 4]
+                               [--rounds 3] [--samples 100] [--profile]
 
 Figures depend on the machine and on whatever else it is doing: compare rows of one run.
 """
@@ -40,11 +42,15 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
+from prometheus_client import CollectorRegistry
 
-from fencegate.lease import Lease, LeaseQueue
+from fencegate.lease import Lease, LeaseQueue, Worker
+from fencegate.lease.events import EventLog
+from fencegate.lease.metrics import WorkerMetrics
 
 DEFAULT_SERVER = "postgresql://postgres@127.0.0.1:5432/postgres"
 ROOT = Path(__file__).resolve().parents[1]
@@ -199,21 +205,195 @@ async def fencegate_pickup(server: str, *, samples: int, workers: int) -> Row:
     )
 
 
-_VICTIM = """
-import asyncio, sys
-from fencegate.lease import LeaseQueue
+# -- the Worker -------------------------------------------------------------------------
 
-async def main() -> None:
-    queue = await LeaseQueue.connect(sys.argv[1], timeout=30)
-    [lease] = await queue.claim("doomed", kinds=["victim"], limit=1, timeout=30)
-    print(lease.fencing_token, flush=True)
-    await asyncio.sleep(600)
 
-asyncio.run(main())
+def _noop_tool(job: Any) -> None:
+    return None
+
+
+def _quiet_worker(queue: LeaseQueue, tools: dict[str, Any], *, concurrency: int) -> Worker:
+    # Events kept in memory and a registry of its own: the run measures the worker, not a
+    # log file or the process-wide metrics.
+    return Worker(
+        queue,
+        tools=tools,
+        concurrency=concurrency,
+        events=EventLog(keep=1000),
+        metrics=WorkerMetrics(registry=CollectorRegistry()),
+    )
+
+
+async def _enqueue_noops(queue: LeaseQueue, jobs: int) -> float:
+    started = time.perf_counter()
+    for start in range(0, jobs, 500):
+        await queue.enqueue_many(
+            [{"kind": "noop", "payload": {"n": n}} for n in range(start, min(jobs, start + 500))],
+            timeout=30,
+        )
+    return time.perf_counter() - started
+
+
+async def worker_throughput(server: str, *, jobs: int, concurrency: int, profile: bool) -> Row:
+    """One `Worker` (claim loop, heartbeat thread, events, metrics, group commit) drains
+    ``jobs`` no-op jobs; timed from start to idle."""
+    async with fresh_database(server) as url:
+        queue = await LeaseQueue.connect(url, timeout=30, pool_max_size=concurrency + 2)
+        try:
+            await queue.migrate()
+            enqueue_seconds = await _enqueue_noops(queue, jobs)
+            worker = _quiet_worker(queue, {"noop": _noop_tool}, concurrency=concurrency)
+            trips = queue.round_trips
+            profiler = cProfile.Profile() if profile else None
+            started = time.perf_counter()
+            if profiler:
+                profiler.enable()
+            await asyncio.wait_for(worker.run_until_idle(), PHASE_LIMIT_SECONDS)
+            if profiler:
+                profiler.disable()
+            seconds = time.perf_counter() - started
+            trips = queue.round_trips - trips
+            done = len(await queue.list_jobs(state="succeeded", limit=jobs + 1, timeout=30))
+            if done != jobs:
+                raise RuntimeError(f"the Worker finished {done} of {jobs} jobs")
+            if profiler:
+                print_profile(profiler, "fencegate Worker")
+        finally:
+            await queue.close()
+    return Row(
+        "fencegate Worker",
+        jobs_per_second=jobs / seconds,
+        enqueue_per_second=jobs / enqueue_seconds,
+        note=f"{trips / jobs * 10:.1f} statements per 10 jobs",
+    )
+
+
+async def worker_pickup(server: str, *, samples: int, concurrency: int) -> Row:
+    """An idle `Worker` (LISTEN/NOTIFY); one job enqueued; time until its tool runs."""
+    async with fresh_database(server) as url:
+        consumer = await LeaseQueue.connect(url, timeout=30, pool_max_size=concurrency + 2)
+        producer = await LeaseQueue.connect(url, timeout=30, pool_max_size=2)
+        try:
+            await producer.migrate()
+            got: asyncio.Queue[tuple[int, float]] = asyncio.Queue()
+
+            def ping(job: Any) -> None:
+                got.put_nowait((job.id, time.perf_counter()))
+
+            worker = _quiet_worker(consumer, {"ping": ping}, concurrency=concurrency)
+            task = asyncio.create_task(worker.run())
+            await asyncio.sleep(0.5)  # the worker is idle-waiting
+            latencies: list[float] = []
+            for n in range(samples):
+                sent = time.perf_counter()
+                job_id = await producer.enqueue("ping", {"n": n}, timeout=30)
+                claimed_id, claimed = await asyncio.wait_for(got.get(), 30)
+                assert claimed_id == job_id
+                latencies.append((claimed - sent) * 1000)
+                await asyncio.sleep(0.02)  # let it commit and settle back into waiting
+            worker.stop()
+            await asyncio.wait_for(task, 30)
+        finally:
+            await consumer.close()
+            await producer.close()
+    return Row(
+        "fencegate Worker",
+        p50_ms=percentile(latencies, 0.5),
+        p99_ms=percentile(latencies, 0.99),
+    )
+
+
+# A Worker in its own process. "drain": wait for a line on stdin, run until idle, print the
+# seconds it took. "victim": hold one job (its tool never returns) and print its token.
+_WORKER_PROCESS = """
+import asyncio, sys, time
+from prometheus_client import CollectorRegistry
+from fencegate.lease import LeaseQueue, Worker
+from fencegate.lease.events import EventLog
+from fencegate.lease.metrics import WorkerMetrics
+
+async def main(url: str, mode: str, concurrency: int) -> None:
+    queue = await LeaseQueue.connect(url, timeout=30, pool_max_size=concurrency + 2)
+
+    async def hold(job):
+        print("holding", job.fencing_token, flush=True)
+        await asyncio.Event().wait()
+
+    tools = {"noop": lambda job: None} if mode == "drain" else {"victim": hold}
+    worker = Worker(queue, tools=tools, concurrency=concurrency, events=EventLog(keep=100),
+                    metrics=WorkerMetrics(registry=CollectorRegistry()))
+    if mode == "drain":
+        print("ready", flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+    started = time.perf_counter()
+    await worker.run_until_idle()
+    print("done", time.perf_counter() - started, flush=True)
+    await queue.close()
+
+asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3])))
 """
 
 
-async def fencegate_recovery(server: str, *, runs: int) -> Row:
+async def _spawn_worker(url: str, mode: str, concurrency: int) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        _WORKER_PROCESS,
+        url,
+        mode,
+        str(concurrency),
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )
+
+
+async def _line(proc: asyncio.subprocess.Process) -> str:
+    assert proc.stdout is not None
+    line = await asyncio.wait_for(proc.stdout.readline(), 60)
+    if not line:
+        raise RuntimeError(f"worker process exited early ({await proc.wait()})")
+    return line.decode().strip()
+
+
+async def worker_processes(server: str, *, jobs: int, processes: int, concurrency: int) -> Row:
+    """``processes`` Worker processes drain ``jobs`` together; timed from the go signal
+    (every process started and connected) until the last one is idle."""
+    async with fresh_database(server) as url:
+        queue = await LeaseQueue.connect(url, timeout=30)
+        procs: list[asyncio.subprocess.Process] = []
+        try:
+            await queue.migrate()
+            await _enqueue_noops(queue, jobs)
+            procs = [await _spawn_worker(url, "drain", concurrency) for _ in range(processes)]
+            for proc in procs:
+                assert await _line(proc) == "ready"
+            started = time.perf_counter()
+            for proc in procs:
+                assert proc.stdin is not None
+                proc.stdin.write(b"go\n")
+                await proc.stdin.drain()
+            for proc in procs:
+                assert (await _line(proc)).startswith("done")
+            seconds = time.perf_counter() - started
+            # Let them close their connections before the database is dropped under them.
+            await asyncio.wait_for(asyncio.gather(*(proc.wait() for proc in procs)), 30)
+            done = len(await queue.list_jobs(state="succeeded", limit=jobs + 1, timeout=30))
+            if done != jobs:
+                raise RuntimeError(f"{processes} Worker processes finished {done} of {jobs}")
+        finally:
+            for proc in procs:
+                if proc.returncode is None:
+                    proc.kill()
+                await proc.wait()
+            await queue.close()
+    return Row(f"{processes}", jobs_per_second=jobs / seconds)
+
+
+async def worker_recovery(server: str, *, runs: int, lease_seconds: float) -> Row:
+    """A Worker process holding a job (heartbeats running) is SIGKILLed; time until another
+    claimer holds the job. The lease's remaining time is the floor."""
     recoveries: list[float] = []
     async with fresh_database(server) as url:
         queue = await LeaseQueue.connect(url, timeout=30)
@@ -221,29 +401,25 @@ async def fencegate_recovery(server: str, *, runs: int) -> Row:
             await queue.migrate()
             for n in range(runs):
                 job_id = await queue.enqueue(
-                    "victim", {"n": n}, lease_seconds=2, heartbeat_seconds=0.5, jitter_seconds=1
+                    "victim",
+                    {"n": n},
+                    lease_seconds=lease_seconds,
+                    heartbeat_seconds=lease_seconds / 4,
+                    jitter_seconds=lease_seconds / 2,
                 )
-                proc = await asyncio.create_subprocess_exec(
-                    sys.executable,
-                    "-c",
-                    _VICTIM,
-                    url,
-                    cwd=ROOT,
-                    env={**os.environ, "PYTHONPATH": str(ROOT)},
-                    stdout=asyncio.subprocess.PIPE,
-                )
-                assert proc.stdout is not None
-                line = await asyncio.wait_for(proc.stdout.readline(), 30)
-                old_token = int(line)
+                proc = await _spawn_worker(url, "victim", 1)
+                old_token = int((await _line(proc)).split()[1])
+                await asyncio.sleep(lease_seconds / 2)  # a few heartbeats have landed
                 proc.send_signal(signal.SIGKILL)
                 killed = time.perf_counter()
                 await proc.wait()
-                for _ in range(2000):  # bounded: 2,000 polls of 5 ms is well past the lease
+                deadline = time.monotonic() + lease_seconds + 10
+                while True:  # bounded: the lease runs out on the database clock
                     leases = await queue.claim("rescuer", kinds=["victim"], limit=1, timeout=30)
-                    if leases:
+                    if leases or time.monotonic() > deadline:
                         break
                     await asyncio.sleep(0.005)
-                else:
+                if not leases:
                     raise RuntimeError("the killed worker's job was never reclaimed")
                 recovered = time.perf_counter()
                 [lease] = leases
@@ -253,10 +429,10 @@ async def fencegate_recovery(server: str, *, runs: int) -> Row:
         finally:
             await queue.close()
     return Row(
-        "fencegate   recovery after SIGKILL (lease 2 s)",
+        f"recovery after SIGKILL of a Worker holding a job (lease {lease_seconds:g} s)",
         p50_ms=statistics.median(recoveries) * 1000,
         p99_ms=max(recoveries) * 1000,
-        note=f"{runs} runs; p99 column = worst",
+        note=f"{runs} runs",
     )
 
 
@@ -390,114 +566,132 @@ def fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
-def print_table(
-    throughput: list[list[Row]], pickup: tuple[Row, Row], recovery: Row, args: argparse.Namespace
-) -> None:
-    print()
-    print(
-        f"Lease queue benchmark: {args.jobs} no-op jobs per run, batch {args.batch}, "
-        f"one PostgreSQL server; throughput is the median of {args.rounds} interleaved rounds"
-    )
-    print()
-    header = f"{'throughput':<32}{'jobs/s':>10}{'enqueue/s':>12}{'vs PgQueuer':>14}"
-    print(header)
-    print("-" * len(header))
-    for rows in throughput:
-        baseline = rows[-1].jobs_per_second
-        for row in rows:
-            ratio = (
-                row.jobs_per_second / baseline
-                if row is not rows[-1] and row.jobs_per_second and baseline
-                else None
-            )
-            print(
-                f"{row.name:<32}{fmt(row.jobs_per_second, '10.0f')}"
-                f"{fmt(row.enqueue_per_second, '12.0f')}"
-                + ("" if ratio is None else f"{ratio:13.2f}x")
-            )
-    print()
-    header = f"{'pickup latency (idle workers)':<32}{'p50 ms':>10}{'p99 ms':>12}"
-    print(header)
-    print("-" * len(header))
-    for row in pickup:
-        print(f"{row.name:<32}{fmt(row.p50_ms, '10.1f')}{fmt(row.p99_ms, '12.1f')}")
-    print()
-    print(
-        f"{recovery.name}: median {recovery.p50_ms:.0f} ms, worst {recovery.p99_ms:.0f} ms "
-        f"({recovery.note}; the lease's remaining time is the floor)"
-    )
-
-
 def median_row(rows: list[Row]) -> Row:
     return Row(
         rows[0].name,
         jobs_per_second=statistics.median(r.jobs_per_second or 0.0 for r in rows),
         enqueue_per_second=statistics.median(r.enqueue_per_second or 0.0 for r in rows),
+        note=rows[len(rows) // 2].note,
+    )
+
+
+def print_table(
+    throughput: dict[str, Row],
+    pickup: dict[str, Row],
+    scaling: list[Row],
+    recovery: Row,
+    args: argparse.Namespace,
+) -> None:
+    baseline = throughput["pgqueuer"].jobs_per_second or 0.0
+    print()
+    print(
+        f"Lease queue: {args.jobs} no-op jobs per run, concurrency {args.concurrency} "
+        f"(one process each), one PostgreSQL server, median of {args.rounds} interleaved rounds"
+    )
+    print()
+    print("| contender | jobs/s | x PgQueuer | pickup p50 ms | pickup p99 ms |")
+    print("|---|---|---|---|---|")
+    for key in ("worker", "pipelined", "pgqueuer"):
+        row, wait = throughput[key], pickup[key]
+        ratio = (row.jobs_per_second or 0.0) / baseline if baseline else 0.0
+        print(
+            f"| {row.name} | {fmt(row.jobs_per_second, '.0f')} | {ratio:.2f} "
+            f"| {fmt(wait.p50_ms, '.1f')} | {fmt(wait.p99_ms, '.1f')} |"
+        )
+    print()
+    one = scaling[0].jobs_per_second or 0.0
+    print("| Worker processes | jobs/s | x 1 process |")
+    print("|---|---|---|")
+    for row in scaling:
+        ratio = (row.jobs_per_second or 0.0) / one if one else 0.0
+        print(f"| {row.name} | {fmt(row.jobs_per_second, '.0f')} | {ratio:.2f} |")
+    print()
+    print(
+        f"{throughput['worker'].name}: {throughput['worker'].note}. Targets: Worker >= 1.5x "
+        f"PgQueuer ({(throughput['worker'].jobs_per_second or 0.0) / baseline:.2f}x "
+        f"measured), Worker pickup p50 <= 5 ms ({pickup['worker'].p50_ms:.1f} ms measured)."
+    )
+    print(
+        f"{recovery.name[0].upper()}{recovery.name[1:]}: median {recovery.p50_ms:.0f} ms, "
+        f"worst {recovery.p99_ms:.0f} ms ({recovery.note}; the bar is lease + 1 s)"
     )
 
 
 async def run(args: argparse.Namespace) -> None:
     server = os.environ.get("FENCEGATE_BENCH_DATABASE_URL", DEFAULT_SERVER)
-    throughput: list[list[Row]] = []
-    for workers in args.workers:
-        runs: dict[str, Callable[[], Awaitable[Row]]] = {
-            "fencegate": functools.partial(
-                fencegate_throughput,
-                server,
-                jobs=args.jobs,
-                workers=workers,
-                batch=args.batch,
-                heartbeat=True,
-                profile=args.profile,
-            ),
-            # The same without the durable heartbeat: what the extend costs.
-            "no heartbeat": functools.partial(
-                fencegate_throughput,
-                server,
-                jobs=args.jobs,
-                workers=workers,
-                batch=args.batch,
-                heartbeat=False,
-                profile=False,
-            ),
-            "pgqueuer": functools.partial(
-                pgqueuer_throughput, server, jobs=args.jobs, workers=workers, batch=args.batch
-            ),
-        }
-        results: dict[str, list[Row]] = {name: [] for name in runs}
-        names = list(runs)
-        for round_number in range(args.rounds):
-            # Rotate the order so that drift in the machine's load hits every contender.
-            shift = round_number % len(names)
-            for name in names[shift:] + names[:shift]:
-                results[name].append(await runs[name]())
-            print(
-                f"  N={workers} round {round_number + 1}: "
-                + ", ".join(f"{n} {results[n][-1].jobs_per_second:.0f}" for n in names)
-                + " jobs/s",
-                file=sys.stderr,
-            )
-        throughput.append([median_row(results[name]) for name in names])
-    pickup_workers = args.workers[0]
-    pickup = (
-        await fencegate_pickup(server, samples=args.samples, workers=pickup_workers),
-        await pgqueuer_pickup(server, samples=args.samples, workers=pickup_workers),
-    )
-    recovery = await fencegate_recovery(server, runs=3)
-    print_table(throughput, pickup, recovery, args)
+    concurrency = args.concurrency
+    runs: dict[str, Callable[[], Awaitable[Row]]] = {
+        "worker": functools.partial(
+            worker_throughput,
+            server,
+            jobs=args.jobs,
+            concurrency=concurrency,
+            profile=args.profile,
+        ),
+        # Claim a batch, commit it with complete_many while the next claim runs: the floor
+        # of what the queue itself costs, without a worker around it.
+        "pipelined": functools.partial(
+            fencegate_throughput,
+            server,
+            jobs=args.jobs,
+            workers=1,
+            batch=concurrency,
+            heartbeat=False,
+            profile=False,
+        ),
+        "pgqueuer": functools.partial(
+            pgqueuer_throughput, server, jobs=args.jobs, workers=1, batch=concurrency
+        ),
+    }
+    scaling_runs = {
+        n: functools.partial(
+            worker_processes, server, jobs=args.jobs, processes=n, concurrency=concurrency
+        )
+        for n in args.processes
+    }
+    results: dict[str, list[Row]] = {name: [] for name in runs}
+    scaled: dict[int, list[Row]] = {n: [] for n in scaling_runs}
+    names = list(runs)
+    for round_number in range(args.rounds):
+        # Rotate the order so that drift in the machine's load hits every contender.
+        shift = round_number % len(names)
+        for name in names[shift:] + names[:shift]:
+            results[name].append(await runs[name]())
+        for n, measure in scaling_runs.items():
+            scaled[n].append(await measure())
+        print(
+            f"  round {round_number + 1}: "
+            + ", ".join(f"{n} {results[n][-1].jobs_per_second:.0f}" for n in names)
+            + "; processes "
+            + ", ".join(f"{n}: {scaled[n][-1].jobs_per_second:.0f}" for n in scaled)
+            + " jobs/s",
+            file=sys.stderr,
+        )
+    throughput = {name: median_row(rows) for name, rows in results.items()}
+    throughput["pipelined"].name = "fencegate claim + complete_many, pipelined"
+    throughput["pgqueuer"].name = "PgQueuer QueueManager.run"
+    pickup = {
+        "worker": await worker_pickup(server, samples=args.samples, concurrency=concurrency),
+        "pipelined": await fencegate_pickup(server, samples=args.samples, workers=1),
+        "pgqueuer": await pgqueuer_pickup(server, samples=args.samples, workers=1),
+    }
+    recovery = await worker_recovery(server, runs=3, lease_seconds=2.0)
+    print_table(throughput, pickup, [median_row(rows) for rows in scaled.values()], recovery, args)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--jobs", type=int, default=5000)
-    parser.add_argument("--workers", type=int, nargs="+", default=[4, 8])
-    parser.add_argument("--batch", type=int, default=10)
+    parser.add_argument("--concurrency", type=int, default=10)
+    parser.add_argument("--processes", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--samples", type=int, default=100)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--profile", action="store_true", help="cProfile the fencegate workers")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--profile", action="store_true", help="cProfile the Worker")
     args = parser.parse_args(argv)
-    if min(args.jobs, args.batch, args.rounds, *args.workers) < 1 or args.samples < 2:
-        parser.error("--jobs, --batch, --workers, --rounds must be positive, --samples >= 2")
+    if min(args.jobs, args.concurrency, args.rounds, *args.processes) < 1 or args.samples < 2:
+        parser.error(
+            "--jobs, --concurrency, --processes, --rounds must be positive, --samples >= 2"
+        )
     asyncio.run(run(args))
 
 

@@ -13,16 +13,22 @@ Three kinds of trouble, three reactions:
   actions; retry sooner than a full period; at ``lease_until - margin`` give up locally
   (cancel, no commit).
 - success: ``heartbeat_ok``; the guard allows actions again.
+
+Renewals are grouped: each lease's renewal time is rounded down onto a grid of a quarter of
+its period, so leases with one period fall due together, and the renewals due within a few
+milliseconds of each other go to the store as one ``extend_many`` (one statement for all the
+leases held). The answer is still per lease: a lease missing from it is lost, that one alone.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from fencegate.lease.events import EventLog
 from fencegate.lease.execution import Execution, Ownership
@@ -33,6 +39,12 @@ from fencegate.lease.models import Lease
 # nearly-expired lease still gets one honest try.
 _MIN_CALL_TIMEOUT = 0.25
 _MIN_RETRY_DELAY = 0.05
+# How long the first renewal due waits for others to join its statement.
+_GATHER_SECONDS = 0.002
+# How long registrations wait to be delivered to the controller's thread, together.
+_DELIVERY_SECONDS = 0.02
+# Renewals are moved earlier (never later) onto a grid of this fraction of the period.
+_GRID_FRACTION = 0.25
 
 
 class RenewingStore(Protocol):
@@ -41,6 +53,24 @@ class RenewingStore(Protocol):
     async def get(self, job_id: Any, *, timeout: float) -> Any: ...
 
     async def close(self) -> None: ...
+
+
+class RenewingManyStore(RenewingStore, Protocol):
+    async def extend_many(self, leases: list[Lease], *, timeout: float) -> list[Lease | None]: ...
+
+
+_Renewal = tuple[Lease, float, "asyncio.Future[Lease | None]"]
+# (execution, (kind, cancel, margin)) registers it; (execution, None) says it finished.
+_Message = tuple[Execution, tuple[str, Callable[[], None], float] | None]
+
+
+def aligned(due: float, period: float, *, now: float) -> float:
+    """``due`` moved back onto the renewal grid, unless that is already past."""
+    step = period * _GRID_FRACTION
+    if step <= 0:
+        return due
+    earlier = math.floor(due / step) * step
+    return earlier if earlier > now else due
 
 
 class HeartbeatController:
@@ -61,6 +91,11 @@ class HeartbeatController:
         self._store: RenewingStore | None = None
         self._wakeups: dict[int, asyncio.Event] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._due: list[_Renewal] = []
+        self._inbox: list[_Message] = []
+        self._inbox_lock = threading.Lock()
+        self._delivery_pending = False
+        self._flush: asyncio.TimerHandle | None = None
 
     # -- life cycle (called from the worker's thread) --------------------------------------
     def start(self, *, timeout: float) -> None:
@@ -103,6 +138,8 @@ class HeartbeatController:
         thread.join(timeout)
 
     async def _close(self, *, timeout: float) -> None:
+        if self._flush is not None:
+            self._flush.cancel()
         for task in list(self._tasks):
             task.cancel()
         if self._tasks:
@@ -121,16 +158,40 @@ class HeartbeatController:
         margin: float,
     ) -> None:
         """Keep ``execution``'s lease while it runs; call ``cancel`` if it must stop."""
-        loop = self._require_loop()
-        loop.call_soon_threadsafe(self._spawn, execution, kind, cancel, margin)
+        self._require_loop()
+        self._post((execution, (kind, cancel, margin)))
 
     def unregister(self, execution: Execution) -> None:
         """The tool finished (or was abandoned): stop renewing at once."""
         execution.finish()
+        with contextlib.suppress(RuntimeError):  # the controller's loop is already closed
+            self._post((execution, None))
+
+    def _post(self, message: _Message) -> None:
+        # Waking another thread costs a system call and a hand-over of the GIL, so one
+        # wake-up carries every message of the next `_DELIVERY_SECONDS`: a worker running
+        # many short jobs does not pay one per job. Nothing here is urgent: the first renewal
+        # of a lease is due most of a period after its claim, and a finished execution is
+        # never renewed (its `running` flag is already down).
         loop = self._loop
-        if loop is not None and not loop.is_closed():
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(self._wake, id(execution))
+        if loop is None or loop.is_closed():
+            return
+        with self._inbox_lock:
+            self._inbox.append(message)
+            wake = not self._delivery_pending
+            self._delivery_pending = True
+        if wake:
+            loop.call_soon_threadsafe(loop.call_later, _DELIVERY_SECONDS, self._drain)
+
+    def _drain(self) -> None:
+        with self._inbox_lock:
+            messages, self._inbox = self._inbox, []
+            self._delivery_pending = False
+        for execution, registration in messages:
+            if registration is None:
+                self._wake(id(execution))
+            else:
+                self._spawn(execution, *registration)
 
     def _require_loop(self) -> asyncio.AbstractEventLoop:
         if self._loop is None or self._store is None:
@@ -140,10 +201,10 @@ class HeartbeatController:
     def _spawn(
         self, execution: Execution, kind: str, cancel: Callable[[], None], margin: float
     ) -> None:
+        if not execution.running:
+            return  # finished before its registration arrived: nothing to renew
         wake = asyncio.Event()
         self._wakeups[id(execution)] = wake
-        if not execution.running:
-            wake.set()
         task = asyncio.get_running_loop().create_task(
             self._keep(execution, kind, cancel, margin, wake)
         )
@@ -167,7 +228,8 @@ class HeartbeatController:
         store = self._store
         assert store is not None
         period = float(execution.lease.heartbeat_seconds)
-        next_at = time.monotonic() + period - execution.confirmed_age()
+        now = time.monotonic()
+        next_at = aligned(now + period - execution.confirmed_age(now=now), period, now=now)
         failures = 0
         try:
             while execution.running:
@@ -187,7 +249,7 @@ class HeartbeatController:
                 budget = execution.remaining(now=sent_at) - margin
                 call_timeout = max(_MIN_CALL_TIMEOUT, min(period, budget))
                 try:
-                    renewed = await store.extend(execution.lease, timeout=call_timeout)
+                    renewed = await self._renew(store, execution.lease, call_timeout)
                 except Exception as exc:
                     # Any failure to hear back (StoreUnavailable, or a driver error nobody
                     # foresaw) leaves ownership unknown, never confirmed.
@@ -211,9 +273,44 @@ class HeartbeatController:
                     **self._about(execution, kind),
                     lease_until=renewed.lease_until,
                 )
-                next_at = sent_at + period
+                next_at = aligned(sent_at + period, period, now=time.monotonic())
         finally:
             self._wakeups.pop(id(execution), None)
+
+    # -- grouped renewals (controller thread) ------------------------------------------------
+    async def _renew(self, store: RenewingStore, lease: Lease, timeout: float) -> Lease | None:
+        """Renew one lease, in one statement with every other renewal due now."""
+        if not hasattr(store, "extend_many"):
+            return await store.extend(lease, timeout=timeout)
+        many = cast(RenewingManyStore, store)
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Lease | None] = loop.create_future()
+        self._due.append((lease, timeout, future))
+        if self._flush is None:
+            self._flush = loop.call_later(_GATHER_SECONDS, self._send_due, many)
+        return await future
+
+    def _send_due(self, store: RenewingManyStore) -> None:
+        due, self._due, self._flush = self._due, [], None
+        live = [entry for entry in due if not entry[2].done()]
+        if live:
+            task = asyncio.get_running_loop().create_task(self._send(store, live))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _send(self, store: RenewingManyStore, due: list[_Renewal]) -> None:
+        # The tightest budget of the group bounds the call: no renewal waits past its own.
+        timeout = min(entry[1] for entry in due)
+        try:
+            renewed = await store.extend_many([entry[0] for entry in due], timeout=timeout)
+        except Exception as exc:
+            for _, _, future in due:
+                if not future.done():
+                    future.set_exception(exc)
+            return
+        for (_, _, future), lease in zip(due, renewed, strict=True):
+            if not future.done():
+                future.set_result(lease)
 
     def _about(self, execution: Execution, kind: str) -> dict[str, Any]:
         """The fields every event of one execution carries."""

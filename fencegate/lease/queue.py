@@ -5,22 +5,28 @@ refuses intervals that break ``lease > R * heartbeat + jitter``; decides between
 failure; and hands each operation to the store's driver, which runs it as one transaction on
 the database clock. Every call that waits takes ``timeout=`` and raises `StoreUnavailable`
 rather than wait past it.
+
+The conditional writes a worker makes per job (``complete``, ``fail``, ``extend``,
+``commit_stage``) are coalesced: calls made while earlier ones are in flight go to the store
+together, one statement per batch, each row still checked on its own against owner, token
+and lease, each caller still getting its own answer. An idle queue sends a call at once.
 """
 
 from __future__ import annotations
 
+import asyncio
 import random
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
-from typing import Any, TypedDict, Unpack
+from typing import Any, TypedDict, TypeVar, Unpack
 
 import orjson
 
 from fencegate.dburl import parse_database_url
 from fencegate.lease.drivers.base import Driver
-from fencegate.lease.errors import JobNotFound, UnknownWorkClass
+from fencegate.lease.errors import JobNotFound, StoreUnavailable, UnknownWorkClass
 from fencegate.lease.models import (
     JOB_STATES,
     Attempt,
@@ -31,8 +37,18 @@ from fencegate.lease.models import (
     StageRecord,
 )
 from fencegate.lease.policy import WorkClass, backoff_seconds, check_intervals
+from fencegate.store.base import StoreUnavailable as QueuedTooLong
+from fencegate.store.batching import Batcher
 
 DEFAULT_TIMEOUT = 10.0
+
+I = TypeVar("I")  # noqa: E741
+R = TypeVar("R")
+
+# Items per coalesced statement, and statements of one kind in flight at once: two, so that
+# a batch fills up while the previous one is on the wire.
+BATCH_MAX = 64
+BATCH_IN_FLIGHT = 1
 
 
 class JobOptions(TypedDict, total=False):
@@ -61,6 +77,23 @@ class LeaseQueue:
         # The URL this queue was opened with, so a Worker can open the heartbeat's own
         # connection to the same store.
         self.url: str | None = None
+        self._completions: Batcher[tuple[Lease, Any], bool] = Batcher(
+            self._complete_batch, max_batch=BATCH_MAX, max_in_flight=BATCH_IN_FLIGHT
+        )
+        self._failures: Batcher[tuple[Lease, Any, float | None], JobState | None] = Batcher(
+            self._fail_batch, max_batch=BATCH_MAX, max_in_flight=BATCH_IN_FLIGHT
+        )
+        self._renewals: Batcher[Lease, datetime | None] = Batcher(
+            self._extend_batch, max_batch=BATCH_MAX, max_in_flight=BATCH_IN_FLIGHT
+        )
+        self._stages: Batcher[tuple[Lease, str, str, Any], bool] = Batcher(
+            self._stage_batch, max_batch=BATCH_MAX, max_in_flight=BATCH_IN_FLIGHT
+        )
+
+    @property
+    def round_trips(self) -> int:
+        """Statements (PostgreSQL) or transactions (SQLite) this queue has sent."""
+        return self._driver.round_trips
 
     @classmethod
     async def connect(
@@ -242,7 +275,7 @@ class LeaseQueue:
     async def extend(self, lease: Lease, *, timeout: float = DEFAULT_TIMEOUT) -> Lease | None:
         """Renew a lease for its own duration from now. None means the lease is lost (expired,
         taken over, cancelled or finished): stop, and commit nothing."""
-        lease_until = await self._driver.extend(lease, timeout=timeout)
+        lease_until = await _submit(self._renewals, lease, timeout)
         if lease_until is None:
             return None
         return replace(lease, lease_until=lease_until)
@@ -266,8 +299,7 @@ class LeaseQueue:
         """Store the result and mark the job succeeded, only while the lease is held.
         False means rejected: the result was not stored."""
         _check_json(result, "result")
-        [done] = await self._driver.complete_many([(lease, result)], timeout=timeout)
-        return done
+        return await _submit(self._completions, (lease, result), timeout)
 
     async def complete_many(
         self, items: Sequence[tuple[Lease, Any]], *, timeout: float = DEFAULT_TIMEOUT
@@ -310,7 +342,7 @@ class LeaseQueue:
                 cap=policy.backoff_max_seconds,
                 rng=self._rng,
             )
-        state = await self._driver.fail(lease, error, retry_in=delay, timeout=timeout)
+        state = await _submit(self._failures, (lease, error, delay), timeout)
         return state is not None
 
     async def release(self, lease: Lease, *, timeout: float = DEFAULT_TIMEOUT) -> bool:
@@ -382,9 +414,26 @@ class LeaseQueue:
         if not name:
             raise ValueError("a stage needs a name")
         _check_json(result, "stage result")
-        return await self._driver.commit_stage(
-            lease, name, self.stage_key(lease, name), result, timeout=timeout
-        )
+        item = (lease, name, self.stage_key(lease, name), result)
+        return await _submit(self._stages, item, timeout)
+
+    # -- coalesced writes: one driver call per batch ---------------------------------------
+
+    async def _complete_batch(self, items: list[tuple[Lease, Any]], timeout: float) -> list[bool]:
+        return await self._driver.complete_many(items, timeout=timeout)
+
+    async def _fail_batch(
+        self, items: list[tuple[Lease, Any, float | None]], timeout: float
+    ) -> list[JobState | None]:
+        return await self._driver.fail_many(items, timeout=timeout)
+
+    async def _extend_batch(self, leases: list[Lease], timeout: float) -> list[datetime | None]:
+        return await self._driver.extend_many(leases, timeout=timeout)
+
+    async def _stage_batch(
+        self, items: list[tuple[Lease, str, str, Any]], timeout: float
+    ) -> list[bool]:
+        return await self._driver.commit_stage_many(items, timeout=timeout)
 
     # -- waking up ------------------------------------------------------------------------
 
@@ -400,6 +449,21 @@ class LeaseQueue:
         """
         _check_kinds(kinds)
         return await self._driver.wait_for_work(kinds, timeout=timeout)
+
+
+async def _submit(batcher: Batcher[I, R], item: I, timeout: float) -> R:
+    """One caller's share of a coalesced write, never waiting past its own ``timeout``.
+
+    The batcher bounds a batch by its earliest deadline, but a call queued behind batches
+    in flight would wait for them; the outer bound keeps each caller's promise.
+    """
+    try:
+        async with asyncio.timeout(timeout):
+            return await batcher.submit(item, timeout=timeout)
+    except TimeoutError:
+        raise StoreUnavailable(f"no answer from the store within {timeout:g}s") from None
+    except QueuedTooLong as exc:
+        raise StoreUnavailable(str(exc)) from None
 
 
 def _check_json(value: Any, what: str) -> None:

@@ -23,6 +23,7 @@ _CALLS = frozenset(
     {
         "claim",
         "extend",
+        "extend_many",
         "complete",
         "complete_many",
         "fail",

@@ -11,6 +11,15 @@ For each lease it:
 4. a `PermanentError` fails the job at once; other errors are retried with the queue's
    backoff until the attempts are exhausted (``job_failed``).
 
+Group commit and claiming ahead: a tool slot is free as soon as its tool returns, so the next
+claim runs while the finished jobs commit. Their ``complete``/``fail``/stage commits, made
+concurrently, are coalesced by the queue into one conditional statement per batch (each row
+still checked against owner, token and lease, each job still answered True/False on its own),
+and the heartbeat controller renews all held leases in one statement per interval. The claim
+loop claims ahead: up to ``concurrency`` leases wait, held and renewed, for a tool slot, so a
+slot that frees does not wait for a round trip. Leases held at once are bounded: at most
+``2 * concurrency`` running or waiting, ``4 * concurrency`` counting those still committing.
+
 ``stop()`` (SIGTERM through `run_worker`) stops claiming, lets running tools finish within
 ``grace_seconds`` and releases the leases of those that cannot.
 """
@@ -18,6 +27,7 @@ For each lease it:
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import os
@@ -130,6 +140,13 @@ class Worker:
         self._stopping: asyncio.Event | None = None
         self._stop_requested = False
         self._running: dict[asyncio.Task[None], Execution] = {}
+        # Tools started and not yet finished: what the concurrency bounds. A job whose tool
+        # returned and whose commit is on its way no longer takes a slot.
+        self._tools_busy = 0
+        # Leases claimed ahead, waiting for a tool slot (first come, first served).
+        self._waiting = 0
+        self._slot_queue: collections.deque[asyncio.Future[bool]] = collections.deque()
+        self._slot_freed: asyncio.Future[None] | None = None
         self._tool_tasks: dict[Execution, asyncio.Task[Any]] = {}
         self._shutting_down: set[Execution] = set()
 
@@ -209,6 +226,7 @@ class Worker:
 
     async def _shutdown(self) -> None:
         # Also runs after a failed start: each part is closed only if it was opened.
+        self._refuse_waiting()
         running = dict(self._running)
         if running:
             _, pending = await asyncio.wait(running, timeout=self.grace_seconds)
@@ -230,12 +248,23 @@ class Worker:
         self.events.emit("worker_stopped", worker=self.worker_id)
 
     # -- claiming -------------------------------------------------------------------------
+    def _free_slots(self) -> int:
+        """How many leases to claim now. Claiming ahead: up to ``concurrency`` leases wait,
+        held and heartbeated, for a tool slot, so a slot that frees finds its next job here
+        instead of waiting for a round trip. Leases still committing count too (commits are
+        batched, so some queue behind the batch in flight), so a store that stops answering
+        commits stops the claiming as well."""
+        return min(
+            2 * self.concurrency - self._tools_busy - self._waiting,
+            4 * self.concurrency - len(self._running),
+        )
+
     async def _claim_loop(self, *, until_idle: bool) -> None:
         assert self.queue is not None and self._stopping is not None
         stop_wait = asyncio.ensure_future(self._stopping.wait())
         try:
             while not self._stopping.is_set():
-                free = self.concurrency - len(self._running)
+                free = self._free_slots()
                 claimed: list[Lease] = []
                 if free > 0:
                     sent_at = time.monotonic()
@@ -248,24 +277,77 @@ class Worker:
                         continue
                     for lease in claimed:
                         self._launch(lease, sent_at)
-                if claimed and len(self._running) < self.concurrency:
+                if claimed and self._free_slots() > 0:
                     continue  # there may be more ready work right now
                 if until_idle and not claimed and not self._running:
                     return
-                waiters: set[asyncio.Future[Any]] = {stop_wait, *self._running}
-                listener: asyncio.Task[Any] | None = None
-                if len(self._running) < self.concurrency:
-                    listener = asyncio.ensure_future(self._wait_for_work())
-                    waiters.add(listener)
-                await asyncio.wait(
-                    waiters, timeout=self.poll_seconds, return_when=asyncio.FIRST_COMPLETED
-                )
-                if listener is not None and not listener.done():
-                    listener.cancel()
-                    with contextlib.suppress(asyncio.CancelledError, Exception):
-                        await listener
+                await self._wait_for_news(stop_wait)
         finally:
             stop_wait.cancel()
+
+    async def _wait_for_news(self, stop_wait: asyncio.Future[Any]) -> None:
+        """Until a slot frees, a job ends, work may be ready, stop(), or a poll period."""
+        slot = asyncio.get_running_loop().create_future()
+        self._slot_freed = slot
+        waiters: set[asyncio.Future[Any]] = {stop_wait, slot, *self._running}
+        listener: asyncio.Task[Any] | None = None
+        if self._free_slots() > 0:
+            listener = asyncio.ensure_future(self._wait_for_work())
+            waiters.add(listener)
+        try:
+            await asyncio.wait(
+                waiters, timeout=self.poll_seconds, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            self._slot_freed = None
+            if listener is not None and not listener.done():
+                listener.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await listener
+
+    async def _take_slot(self) -> bool:
+        """Wait for a tool slot; False when the worker stops first (the lease is given
+        back unstarted)."""
+        if self._stopping is not None and self._stopping.is_set():
+            self._waiting -= 1
+            return False
+        if self._tools_busy < self.concurrency and not self._slot_queue:
+            self._waiting -= 1
+            self._tools_busy += 1
+            return True
+        turn: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._slot_queue.append(turn)
+        try:
+            return await turn
+        except asyncio.CancelledError:
+            if turn.done() and not turn.cancelled():
+                if turn.result():
+                    self._tool_done()  # handed a slot it will never use
+            else:
+                self._waiting -= 1
+            raise
+
+    def _tool_done(self) -> None:
+        self._tools_busy -= 1
+        while self._slot_queue:
+            turn = self._slot_queue.popleft()
+            if not turn.done():
+                # The slot passes straight to the next lease claimed ahead.
+                self._waiting -= 1
+                self._tools_busy += 1
+                turn.set_result(True)
+                break
+        slot = self._slot_freed
+        if slot is not None and not slot.done():
+            slot.set_result(None)
+
+    def _refuse_waiting(self) -> None:
+        # Stopping: leases still waiting for a slot are given back without running.
+        while self._slot_queue:
+            turn = self._slot_queue.popleft()
+            if not turn.done():
+                self._waiting -= 1
+                turn.set_result(False)
 
     async def _wait_for_work(self) -> None:
         assert self.queue is not None
@@ -274,6 +356,7 @@ class Worker:
 
     def _launch(self, lease: Lease, sent_at: float) -> None:
         execution = Execution(lease, confirmed_at=sent_at)
+        self._waiting += 1
         task = asyncio.ensure_future(self._execute(execution))
         self._running[task] = execution
         task.add_done_callback(self._finished)
@@ -324,16 +407,57 @@ class Worker:
             self.metrics.reclaimed_jobs.labels(kind).inc()
         self.metrics.live.add(kind, execution)
         loop = asyncio.get_running_loop()
-        tool_task = loop.create_task(invoke(self.tools[kind], job))
-        self._tool_tasks[execution] = tool_task
+        tool: list[asyncio.Task[Any]] = []
 
         def cancel_from_controller() -> None:
-            with contextlib.suppress(RuntimeError):  # the loop closed: nothing left to stop
-                loop.call_soon_threadsafe(tool_task.cancel)
+            # Before the tool started there is nothing to cancel: the lost state is seen
+            # when the lease's turn comes, and the tool is never started.
+            for task in tool:
+                with contextlib.suppress(RuntimeError):  # the loop closed: nothing to stop
+                    loop.call_soon_threadsafe(task.cancel)
 
+        # Renewed from the claim on: a lease waiting for its slot is held like any other.
         self._controller.register(
             execution, kind=kind, cancel=cancel_from_controller, margin=margin
         )
+        try:
+            slotted = await self._take_slot()
+        except BaseException:
+            self._controller.unregister(execution)
+            self.metrics.live.remove(execution)
+            raise
+        try:
+            if not slotted or execution.state is Ownership.LOST:
+                self._controller.unregister(execution)
+                await self._unstarted(job, released=not slotted)
+                return
+            await self._run_tool_and_settle(job, tool)
+        finally:
+            self.metrics.live.remove(execution)
+            self._shutting_down.discard(execution)
+
+    async def _unstarted(self, job: JobContext, *, released: bool) -> None:
+        """A lease whose tool never ran: given back at shutdown, or lost while it waited."""
+        execution = job.execution
+        if not released:
+            job.emit("result_rejected", reason=execution.lost_reason, duration_seconds=0.0)
+            self.metrics.outcomes.labels(job.kind, "rejected").inc()
+            return
+        given_back = await self._conditional(
+            execution,
+            lambda t: self._q().release(execution.lease, timeout=t),
+            landed_as=_RELEASED,
+        )
+        job.emit("job_released", released=bool(given_back), duration_seconds=0.0)
+        self.metrics.outcomes.labels(job.kind, "released").inc()
+
+    async def _run_tool_and_settle(self, job: JobContext, tool: list[asyncio.Task[Any]]) -> None:
+        assert self._controller is not None
+        execution = job.execution
+        lease = execution.lease
+        tool_task = asyncio.get_running_loop().create_task(invoke(self.tools[job.kind], job))
+        tool.append(tool_task)
+        self._tool_tasks[execution] = tool_task
         started = time.monotonic()
         execution.start_tool(timeout=lease.tool_timeout_seconds, now=started)
         try:
@@ -345,13 +469,10 @@ class Worker:
         finally:
             self._controller.unregister(execution)
             self._tool_tasks.pop(execution, None)
-        try:
-            await self._settle(
-                job, tool_task, timed_out=timed_out, duration=time.monotonic() - started
-            )
-        finally:
-            self.metrics.live.remove(execution)
-            self._shutting_down.discard(execution)
+            # The slot is free now: the next lease runs, and the claim loop takes more work,
+            # while this one commits.
+            self._tool_done()
+        await self._settle(job, tool_task, timed_out=timed_out, duration=time.monotonic() - started)
 
     async def _settle(
         self, job: JobContext, tool_task: asyncio.Task[Any], *, timed_out: bool, duration: float

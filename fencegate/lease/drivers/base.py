@@ -20,6 +20,9 @@ LEASE_COLUMNS = """id, kind, owner_id, fencing_token, lease_until, lease_seconds
 
 
 class Driver(Protocol):
+    # Statements (PostgreSQL) or transactions (SQLite) sent so far: how batching is seen.
+    round_trips: int
+
     async def close(self) -> None: ...
 
     async def migrate(self, *, timeout: float) -> list[str]: ...
@@ -53,6 +56,13 @@ class Driver(Protocol):
         (or when ``retry_in`` is None) fail the job. The job's new state, None if rejected."""
         ...
 
+    async def fail_many(
+        self, items: Sequence[tuple[Lease, Any, float | None]], *, timeout: float
+    ) -> list[JobState | None]:
+        """`fail` for many ``(lease, error, retry_in)`` in one transaction, each row checked
+        on its own; one answer per item."""
+        ...
+
     async def release(self, lease: Lease, *, timeout: float) -> bool: ...
 
     async def cancel(self, job_id: int, reason: Any, *, timeout: float) -> bool | None:
@@ -74,5 +84,12 @@ class Driver(Protocol):
     async def commit_stage(
         self, lease: Lease, name: str, idempotency_key: str, result: Any, *, timeout: float
     ) -> bool: ...
+
+    async def commit_stage_many(
+        self, items: Sequence[tuple[Lease, str, str, Any]], *, timeout: float
+    ) -> list[bool]:
+        """`commit_stage` for many ``(lease, name, idempotency_key, result)``; one answer
+        per item."""
+        ...
 
     async def wait_for_work(self, kinds: Sequence[str] | None, *, timeout: float) -> bool: ...

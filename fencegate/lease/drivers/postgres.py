@@ -236,6 +236,38 @@ closed AS (
 SELECT state FROM ended
 """
 
+# `FAIL` for many leases: each row is still matched on its own id, owner, token and live
+# lease; a NULL retry_in fails that job for good.
+FAIL_MANY = """
+WITH input AS (
+    SELECT * FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::text[], $5::float8[])
+           AS t(id, owner_id, fencing_token, error, retry_in)
+),
+ended AS (
+    UPDATE fencegate_jobs AS j
+       SET state = CASE WHEN i.retry_in IS NULL OR j.attempt >= j.max_attempts
+                        THEN 'failed' ELSE 'queued' END,
+           run_after = CASE WHEN i.retry_in IS NULL OR j.attempt >= j.max_attempts
+                            THEN j.run_after ELSE now() + make_interval(secs => i.retry_in) END,
+           owner_id = CASE WHEN i.retry_in IS NULL OR j.attempt >= j.max_attempts
+                           THEN j.owner_id END,
+           error = i.error::jsonb, lease_until = NULL, updated_at = now()
+      FROM input AS i
+     WHERE j.id = ANY($1::bigint[]) AND j.id = i.id AND j.state = 'running'
+       AND j.owner_id = i.owner_id AND j.fencing_token = i.fencing_token
+       AND j.lease_until > now()
+    RETURNING j.id, j.fencing_token, j.state, i.error
+),
+closed AS (
+    UPDATE fencegate_job_attempts AS a
+       SET ended_at = now(), error = e.error::jsonb,
+           outcome = CASE WHEN e.state = 'failed' THEN 'failed' ELSE 'retry_scheduled' END
+      FROM ended AS e
+     WHERE a.fencing_token = ANY($3::bigint[]) AND a.fencing_token = e.fencing_token
+)
+SELECT id, fencing_token, state FROM ended
+"""
+
 # Released work is not a failure: the attempt is given back so it does not count.
 RELEASE = f"""
 WITH released AS (
@@ -310,6 +342,37 @@ inserted AS (
 SELECT EXISTS (SELECT 1 FROM inserted)
     OR EXISTS (SELECT 1 FROM holder AS h JOIN fencegate_job_stages AS s
                  ON s.job_id = h.id AND s.name = $4 AND s.fencing_token = h.fencing_token)
+"""
+
+# `COMMIT_STAGE` for many stages (of one or several jobs). Each job row is held FOR SHARE
+# once, whatever number of its stages the batch carries.
+COMMIT_STAGE_MANY = """
+WITH input AS (
+    SELECT * FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::text[], $5::text[],
+                         $6::text[]) WITH ORDINALITY
+           AS t(id, owner_id, fencing_token, name, idempotency_key, result, ord)
+),
+holder AS (
+    SELECT j.id, j.fencing_token FROM fencegate_jobs AS j
+     WHERE j.id = ANY($1::bigint[]) AND j.state = 'running' AND j.lease_until > now()
+       AND EXISTS (SELECT 1 FROM input AS i WHERE i.id = j.id AND i.owner_id = j.owner_id
+                                              AND i.fencing_token = j.fencing_token)
+       FOR SHARE
+),
+inserted AS (
+    INSERT INTO fencegate_job_stages (job_id, name, idempotency_key, result, fencing_token)
+    SELECT i.id, i.name, i.idempotency_key, i.result::jsonb, h.fencing_token
+      FROM input AS i JOIN holder AS h ON h.id = i.id AND h.fencing_token = i.fencing_token
+    ON CONFLICT (job_id, name) DO NOTHING
+    RETURNING job_id, name
+)
+SELECT i.ord,
+       EXISTS (SELECT 1 FROM inserted AS n WHERE n.job_id = i.id AND n.name = i.name)
+    OR EXISTS (SELECT 1 FROM holder AS h JOIN fencegate_job_stages AS s
+                 ON s.job_id = h.id AND s.name = i.name AND s.fencing_token = h.fencing_token
+                WHERE h.id = i.id AND h.fencing_token = i.fencing_token) AS committed
+  FROM input AS i
+ ORDER BY i.ord
 """
 
 
@@ -470,6 +533,8 @@ class PostgresDriver:
         self._url = url
         self._pool = pool
         self._notifications = _Notifications(url)
+        # Statements sent, so that batching can be observed (tests, benchmarks).
+        self.round_trips = 0
 
     @classmethod
     async def connect(
@@ -505,6 +570,7 @@ class PostgresDriver:
         self, call: Callable[[asyncpg.Connection, float], Awaitable[T]], *, timeout: float
     ) -> T:
         deadline = time.monotonic() + timeout
+        self.round_trips += 1
         try:
             async with asyncio.timeout(timeout):
                 # The outer timeout bounds the wait for a connection (and its opening);
@@ -644,6 +710,24 @@ class PostgresDriver:
         )
         return state
 
+    async def fail_many(
+        self, items: Sequence[tuple[Lease, Any, float | None]], *, timeout: float
+    ) -> list[JobState | None]:
+        rows = await self._run(
+            lambda conn, t: conn.fetch(
+                FAIL_MANY,
+                [lease.job_id for lease, _, _ in items],
+                [lease.owner_id for lease, _, _ in items],
+                [lease.fencing_token for lease, _, _ in items],
+                [_dumps(error) for _, error, _ in items],
+                [retry_in for _, _, retry_in in items],
+                timeout=t,
+            ),
+            timeout=timeout,
+        )
+        states = {(row["id"], row["fencing_token"]): row["state"] for row in rows}
+        return [states.get((lease.job_id, lease.fencing_token)) for lease, _, _ in items]
+
     async def release(self, lease: Lease, *, timeout: float) -> bool:
         count = await self._run(
             lambda conn, t: conn.fetchval(
@@ -707,6 +791,24 @@ class PostgresDriver:
             timeout=timeout,
         )
         return bool(value)
+
+    async def commit_stage_many(
+        self, items: Sequence[tuple[Lease, str, str, Any]], *, timeout: float
+    ) -> list[bool]:
+        rows = await self._run(
+            lambda conn, t: conn.fetch(
+                COMMIT_STAGE_MANY,
+                [lease.job_id for lease, _, _, _ in items],
+                [lease.owner_id for lease, _, _, _ in items],
+                [lease.fencing_token for lease, _, _, _ in items],
+                [name for _, name, _, _ in items],
+                [key for _, _, key, _ in items],
+                [_dumps(result) for _, _, _, result in items],
+                timeout=t,
+            ),
+            timeout=timeout,
+        )
+        return [bool(row["committed"]) for row in rows]
 
     async def wait_for_work(self, kinds: Sequence[str] | None, *, timeout: float) -> bool:
         return await self._notifications.wait(kinds, timeout=timeout)

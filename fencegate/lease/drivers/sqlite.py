@@ -130,9 +130,80 @@ def _end_attempt(
     )
 
 
+def _fail_one(
+    conn: sqlite3.Connection,
+    now: float,
+    lease: Lease,
+    encoded: str | None,
+    retry_in: float | None,
+) -> JobState | None:
+    final = "? IS NULL OR attempt >= max_attempts"
+    row = conn.execute(
+        f"""UPDATE fencegate_jobs
+               SET state = CASE WHEN {final} THEN 'failed' ELSE 'queued' END,
+                   run_after = CASE WHEN {final} THEN run_after ELSE ? + ? END,
+                   owner_id = CASE WHEN {final} THEN owner_id END,
+                   error = ?, lease_until = NULL, updated_at = ?
+             WHERE {_HELD}
+            RETURNING fencing_token, state""",
+        (
+            retry_in,
+            retry_in,
+            now,
+            retry_in,
+            retry_in,
+            encoded,
+            now,
+            lease.job_id,
+            lease.owner_id,
+            lease.fencing_token,
+            now,
+        ),
+    ).fetchone()
+    if row is None:
+        return None
+    outcome = "failed" if row["state"] == "failed" else "retry_scheduled"
+    _end_attempt(conn, row["fencing_token"], now, outcome, encoded)
+    state: JobState = row["state"]
+    return state
+
+
+def _commit_stage_one(
+    conn: sqlite3.Connection,
+    now: float,
+    lease: Lease,
+    name: str,
+    idempotency_key: str,
+    encoded: str | None,
+) -> bool:
+    held = conn.execute(
+        f"SELECT 1 FROM fencegate_jobs WHERE {_HELD}",
+        (lease.job_id, lease.owner_id, lease.fencing_token, now),
+    ).fetchone()
+    if held is None:
+        return False
+    inserted = conn.execute(
+        """INSERT INTO fencegate_job_stages
+               (job_id, name, idempotency_key, result, fencing_token, committed_at)
+           VALUES (?, ?, ?, ?, ?, ?)
+           ON CONFLICT (job_id, name) DO NOTHING
+           RETURNING 1""",
+        (lease.job_id, name, idempotency_key, encoded, lease.fencing_token, now),
+    ).fetchone()
+    if inserted is not None:
+        return True
+    mine = conn.execute(
+        "SELECT 1 FROM fencegate_job_stages WHERE job_id = ? AND name = ? AND fencing_token = ?",
+        (lease.job_id, name, lease.fencing_token),
+    ).fetchone()
+    return mine is not None
+
+
 class SQLiteDriver:
     def __init__(self, path: Path) -> None:
         self._db = SQLiteDatabase(path)
+        # Transactions sent, so that batching can be observed (tests, benchmarks).
+        self.round_trips = 0
 
     @classmethod
     async def connect(cls, path: Path, *, timeout: float) -> SQLiteDriver:
@@ -154,6 +225,7 @@ class SQLiteDriver:
         # once it holds the write lock: work that waited for the lock past the caller's
         # patience is rolled back instead of done behind the caller's back.
         deadline = time.monotonic() + timeout - min(0.2, timeout * 0.2)
+        self.round_trips += 1
 
         def bounded(conn: sqlite3.Connection) -> T:
             remaining = deadline - time.monotonic()
@@ -346,39 +418,17 @@ class SQLiteDriver:
     async def fail(
         self, lease: Lease, error: Any, *, retry_in: float | None, timeout: float
     ) -> JobState | None:
-        encoded = _dumps(error)
+        [state] = await self.fail_many([(lease, error, retry_in)], timeout=timeout)
+        return state
 
-        def run(conn: sqlite3.Connection) -> JobState | None:
+    async def fail_many(
+        self, items: Sequence[tuple[Lease, Any, float | None]], *, timeout: float
+    ) -> list[JobState | None]:
+        encoded = [(lease, _dumps(error), retry_in) for lease, error, retry_in in items]
+
+        def run(conn: sqlite3.Connection) -> list[JobState | None]:
             now = _now(conn)
-            final = "? IS NULL OR attempt >= max_attempts"
-            row = conn.execute(
-                f"""UPDATE fencegate_jobs
-                       SET state = CASE WHEN {final} THEN 'failed' ELSE 'queued' END,
-                           run_after = CASE WHEN {final} THEN run_after ELSE ? + ? END,
-                           owner_id = CASE WHEN {final} THEN owner_id END,
-                           error = ?, lease_until = NULL, updated_at = ?
-                     WHERE {_HELD}
-                    RETURNING fencing_token, state""",
-                (
-                    retry_in,
-                    retry_in,
-                    now,
-                    retry_in,
-                    retry_in,
-                    encoded,
-                    now,
-                    lease.job_id,
-                    lease.owner_id,
-                    lease.fencing_token,
-                    now,
-                ),
-            ).fetchone()
-            if row is None:
-                return None
-            outcome = "failed" if row["state"] == "failed" else "retry_scheduled"
-            _end_attempt(conn, row["fencing_token"], now, outcome, encoded)
-            state: JobState = row["state"]
-            return state
+            return [_fail_one(conn, now, *item) for item in encoded]
 
         return await self._run(run, timeout=timeout, write=True)
 
@@ -493,32 +543,19 @@ class SQLiteDriver:
     async def commit_stage(
         self, lease: Lease, name: str, idempotency_key: str, result: Any, *, timeout: float
     ) -> bool:
-        encoded = _dumps(result)
+        [committed] = await self.commit_stage_many(
+            [(lease, name, idempotency_key, result)], timeout=timeout
+        )
+        return committed
 
-        def run(conn: sqlite3.Connection) -> bool:
+    async def commit_stage_many(
+        self, items: Sequence[tuple[Lease, str, str, Any]], *, timeout: float
+    ) -> list[bool]:
+        encoded = [(lease, name, key, _dumps(result)) for lease, name, key, result in items]
+
+        def run(conn: sqlite3.Connection) -> list[bool]:
             now = _now(conn)
-            held = conn.execute(
-                f"SELECT 1 FROM fencegate_jobs WHERE {_HELD}",
-                (lease.job_id, lease.owner_id, lease.fencing_token, now),
-            ).fetchone()
-            if held is None:
-                return False
-            inserted = conn.execute(
-                """INSERT INTO fencegate_job_stages
-                       (job_id, name, idempotency_key, result, fencing_token, committed_at)
-                   VALUES (?, ?, ?, ?, ?, ?)
-                   ON CONFLICT (job_id, name) DO NOTHING
-                   RETURNING 1""",
-                (lease.job_id, name, idempotency_key, encoded, lease.fencing_token, now),
-            ).fetchone()
-            if inserted is not None:
-                return True
-            mine = conn.execute(
-                "SELECT 1 FROM fencegate_job_stages"
-                " WHERE job_id = ? AND name = ? AND fencing_token = ?",
-                (lease.job_id, name, lease.fencing_token),
-            ).fetchone()
-            return mine is not None
+            return [_commit_stage_one(conn, now, *item) for item in encoded]
 
         return await self._run(run, timeout=timeout, write=True)
 

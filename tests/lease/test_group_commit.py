@@ -1,0 +1,173 @@
+"""Group commit on both stores: concurrent conditional writes on one queue share round trips,
+yet each row is still checked on its own and each caller gets its own answer; a caller's
+``timeout=`` holds even when its call is queued behind a batch in flight."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from typing import Any
+
+import asyncpg
+import pytest
+
+from fencegate.lease import LeaseQueue, StoreUnavailable
+from fencegate.lease.models import Lease
+from tests.lease.worker_helpers import wait_until
+
+LONG = {"lease_seconds": 60.0, "heartbeat_seconds": 20.0, "jitter_seconds": 5.0}
+
+
+async def claim_jobs(queue: LeaseQueue, kind: str, count: int) -> list[Lease]:
+    await queue.enqueue_many([{"kind": kind, "payload": {"n": n}, **LONG} for n in range(count)])
+    leases = await queue.claim("w1", kinds=[kind], limit=count)
+    assert len(leases) == count
+    return leases
+
+
+async def test_concurrent_completes_make_fewer_round_trips(queue: LeaseQueue) -> None:
+    leases = await claim_jobs(queue, "bulk", 20)
+    before = queue.round_trips
+    answers = await asyncio.gather(
+        *(queue.complete(lease, {"n": i}) for i, lease in enumerate(leases))
+    )
+    trips = queue.round_trips - before
+    assert answers == [True] * 20
+    assert trips < 20 // 2, f"{trips} round trips for 20 concurrent completes"
+    for i, lease in enumerate(leases):
+        job = await queue.get(lease.job_id)
+        assert (job.state, job.result) == ("succeeded", {"n": i})
+    [attempt] = await queue.attempts(leases[7].job_id)
+    assert attempt.outcome == "succeeded"
+
+
+async def test_concurrent_extends_make_fewer_round_trips(queue: LeaseQueue) -> None:
+    leases = await claim_jobs(queue, "renew", 12)
+    before = queue.round_trips
+    renewed = await asyncio.gather(*(queue.extend(lease) for lease in leases))
+    assert queue.round_trips - before < 12 // 2
+    for lease, new in zip(leases, renewed, strict=True):
+        assert new is not None and new.job_id == lease.job_id
+        assert new.lease_until >= lease.lease_until
+
+
+async def test_batched_completion_rejects_only_the_lost_lease(queue: LeaseQueue) -> None:
+    first, lost, third, stale = await claim_jobs(queue, "mixed", 4)
+    assert await queue.cancel(lost.job_id, reason="operator")  # its lease is void now
+    wrong_token = replace(stale, fencing_token=stale.fencing_token + 1000)
+    before = queue.round_trips
+    answers = await asyncio.gather(
+        queue.complete(first, "a"),
+        queue.complete(lost, "b"),
+        queue.complete(third, "c"),
+        queue.complete(wrong_token, "d"),
+    )
+    assert answers == [True, False, True, False]
+    assert queue.round_trips - before < 4  # they did share a statement
+    assert (await queue.get(first.job_id)).result == "a"
+    assert (await queue.get(third.job_id)).result == "c"
+    lost_job = await queue.get(lost.job_id)
+    assert (lost_job.state, lost_job.result) == ("cancelled", None)
+    stale_job = await queue.get(stale.job_id)
+    assert (stale_job.state, stale_job.result) == ("running", None)
+    # The rightful holder of the last one can still finish it.
+    assert await queue.complete(stale, "e")
+
+
+async def test_batched_failures_answer_each_job(queue: LeaseQueue) -> None:
+    retry, lost, final = await claim_jobs(queue, "flaky", 3)
+    assert await queue.cancel(lost.job_id)
+    answers = await asyncio.gather(
+        queue.fail(retry, {"type": "Boom"}, retry_in=30),
+        queue.fail(lost, {"type": "Boom"}, retry_in=30),
+        queue.fail(final, {"type": "Fatal"}, permanent=True),
+    )
+    assert answers == [True, False, True]
+    retried = await queue.get(retry.job_id)
+    assert (retried.state, retried.owner_id, retried.error) == ("queued", None, {"type": "Boom"})
+    assert retried.run_after > await queue.now()
+    failed = await queue.get(final.job_id)
+    assert (failed.state, failed.error) == ("failed", {"type": "Fatal"})
+    assert [a.outcome for a in await queue.attempts(retry.job_id)] == ["retry_scheduled"]
+    assert [a.outcome for a in await queue.attempts(final.job_id)] == ["failed"]
+    assert [a.outcome for a in await queue.attempts(lost.job_id)] == ["cancelled"]
+
+
+async def test_batched_stage_commits_answer_each_stage(queue: LeaseQueue) -> None:
+    one, lost, two = await claim_jobs(queue, "staged", 3)
+    assert await queue.cancel(lost.job_id)
+    answers = await asyncio.gather(
+        queue.commit_stage(one, "fetch", {"rows": 1}),
+        queue.commit_stage(lost, "fetch", {"rows": 2}),
+        queue.commit_stage(two, "fetch", {"rows": 3}),
+        queue.commit_stage(one, "draft", {"pages": 4}),  # a second stage of one job
+    )
+    assert answers == [True, False, True, True]
+    assert (await queue.stage_result(one, "fetch")).result == {"rows": 1}  # type: ignore[union-attr]
+    assert (await queue.stage_result(one, "draft")).result == {"pages": 4}  # type: ignore[union-attr]
+    assert await queue.stage_result(lost, "fetch") is None
+    # Committed again by the same holder: still True (it is recorded under this lease).
+    assert await queue.commit_stage(two, "fetch", {"rows": 3})
+
+
+async def test_batched_extend_loses_only_the_lost_lease(queue: LeaseQueue) -> None:
+    kept, lost = await claim_jobs(queue, "beat", 2)
+    assert await queue.cancel(lost.job_id)
+    renewed = await asyncio.gather(queue.extend(kept), queue.extend(lost))
+    assert renewed[0] is not None and renewed[1] is None
+
+
+@pytest.fixture
+async def write_blocker(store_url: str) -> AsyncIterator[Any]:
+    """Holds the store's write lock (SQLite) or a job row's lock (PostgreSQL) on a
+    connection of its own, until released."""
+    if store_url.startswith("sqlite:///"):
+        conn = sqlite3.connect(store_url.removeprefix("sqlite:///"), isolation_level=None)
+
+        class SQLiteBlocker:
+            async def block(self, job_id: int) -> None:
+                conn.execute("BEGIN IMMEDIATE")
+
+            async def release(self) -> None:
+                conn.execute("ROLLBACK")
+
+        try:
+            yield SQLiteBlocker()
+        finally:
+            conn.close()
+        return
+    pg = await asyncpg.connect(store_url)
+    transaction = pg.transaction()
+
+    class PostgresBlocker:
+        async def block(self, job_id: int) -> None:
+            await transaction.start()
+            await pg.execute("SELECT 1 FROM fencegate_jobs WHERE id = $1 FOR UPDATE", job_id)
+
+        async def release(self) -> None:
+            await transaction.rollback()
+
+    try:
+        yield PostgresBlocker()
+    finally:
+        await pg.close()
+
+
+async def test_queued_call_honours_its_own_timeout(queue: LeaseQueue, write_blocker: Any) -> None:
+    held, other = await claim_jobs(queue, "slow", 2)
+    await write_blocker.block(held.job_id)
+    # The first commit goes out and waits on the lock; the second, queued behind it, must
+    # give up at its own deadline, not at the first one's.
+    before = queue.round_trips
+    first = asyncio.create_task(queue.complete(held, "slow", timeout=8.0))
+    await wait_until(lambda: queue.round_trips > before, timeout=5, what="first commit sent")
+    started = time.monotonic()
+    with pytest.raises(StoreUnavailable):
+        await queue.complete(other, "fast", timeout=0.5)
+    waited = time.monotonic() - started
+    assert waited < 2.0, f"a 0.5 s call waited {waited:.2f}s"
+    await write_blocker.release()
+    assert await asyncio.wait_for(first, 10)
