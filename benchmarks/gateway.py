@@ -43,7 +43,7 @@ from urllib.parse import urlsplit
 import orjson
 
 from benchmarks.loadgen import BODY
-from fencegate.migrations import migrate
+from fencegate.store.migrations import migrate
 from tests.support import postgres
 from tests.support.gateway import GatewayProcess
 from tests.support.net import free_port, wait_for_port

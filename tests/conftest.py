@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from fencegate.migrations import migrate
 from fencegate.store import GatewayStore, open_gateway_store
+from fencegate.store.migrations import migrate
 from tests.support import postgres
 
 

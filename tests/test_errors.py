@@ -9,9 +9,9 @@ from fencegate.gateway.config import ConfigError
 from fencegate.gateway.problems import Problem
 from fencegate.lease import errors as lease_errors
 from fencegate.lease.execution import OwnershipLost, OwnershipUnknown, PermanentError
-from fencegate.schema import SchemaMismatch
 from fencegate.signing import KeyConfigError
 from fencegate.store import StoreUnavailable
+from fencegate.store.schema import SchemaMismatch
 
 
 def test_every_public_error_is_a_fencegate_error() -> None:

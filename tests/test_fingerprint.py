@@ -13,8 +13,8 @@ from fencegate import FenceGateMiddleware
 from fencegate.gateway.fingerprint import request_fingerprint
 from fencegate.gateway.headers import parse_entity, parse_fence, parse_idempotency_key
 from fencegate.gateway.routes import RoutePolicy
-from fencegate.migrations import migrate
 from fencegate.store import open_gateway_store
+from fencegate.store.migrations import migrate
 from tests.support.asgi import call
 from tests.support.echo_app import EchoApp
 

@@ -25,9 +25,9 @@ import httpx
 import orjson
 import pytest
 
-from fencegate.dburl import parse_database_url
 from fencegate.gateway.problems import PROBLEM_CONTENT_TYPE, PROBLEM_TYPE_BASE
 from fencegate.store import KeyRecord, open_gateway_store
+from fencegate.store.dburl import parse_database_url
 from tests.support.gateway import GatewayProcess
 from tests.support.net import TcpRelay
 from tests.support.processes import child_env
@@ -114,7 +114,7 @@ async def key_rows(database_url: str, key: str) -> list[dict[str, Any]]:
         try:
             rows = await conn.fetch(
                 "SELECT state, owner, attempt, locked_until > now() AS live"
-                " FROM idempotency_keys WHERE key = $1",
+                " FROM fencegate_idempotency_keys WHERE key = $1",
                 key,
             )
         finally:

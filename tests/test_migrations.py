@@ -1,8 +1,8 @@
 import asyncpg
 import pytest
 
-from fencegate.dburl import parse_database_url
-from fencegate.migrations import migrate, split_sqlite_statements
+from fencegate.store.dburl import parse_database_url
+from fencegate.store.migrations import migrate, split_sqlite_statements
 
 
 async def test_migrate_is_idempotent(store_url: str) -> None:

@@ -12,9 +12,9 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from fencegate.gateway.problems import Problem
-from fencegate.migrations import migrate
 from fencegate.signing import HttpSigner, SignatureAuthenticator, load_authenticator
 from fencegate.store import open_gateway_store
+from fencegate.store.migrations import migrate
 from fencegate.types import IncomingRequest
 
 SECRET = bytes(range(7, 39))

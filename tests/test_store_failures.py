@@ -18,8 +18,8 @@ import asyncpg
 import httpx
 import pytest
 
-from fencegate.migrations import migrate
 from fencegate.store import GatewayStore, StoreUnavailable
+from fencegate.store.migrations import migrate
 from tests.support import postgres
 from tests.support.gateway import GatewayProcess
 from tests.support.processes import child_env
@@ -149,7 +149,7 @@ def test_a_dropped_table_is_503_on_both_stores(
 ) -> None:
     with GatewayProcess(upstream=upstream.url, database_url=store_url, workdir=tmp_path) as gw:
         assert keyed_post(gw.url).status_code == 200
-        drop = "DROP TABLE idempotency_keys"
+        drop = "DROP TABLE fencegate_idempotency_keys"
         if store_url.startswith("sqlite"):
             with sqlite3.connect(store_url.removeprefix("sqlite:///")) as conn:
                 conn.execute(drop)

@@ -9,8 +9,8 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from fencegate.cli import CommandError
-from fencegate.migrations import migrate
 from fencegate.store import StoreUnavailable
+from fencegate.store.migrations import migrate
 
 T = TypeVar("T")
 

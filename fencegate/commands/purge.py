@@ -53,5 +53,8 @@ def run(args: argparse.Namespace) -> int:
             timeout=args.timeout,
         )
     )
-    print(f"purged {counts.keys} keys, {counts.fences} fences, {counts.nonces} nonces")
+    print(
+        f"purged {counts.keys} keys, {counts.fences} fences, {counts.nonces} nonces, "
+        f"{counts.decisions} decision history rows"
+    )
     return 0

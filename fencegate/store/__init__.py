@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from fencegate.dburl import parse_database_url
-from fencegate.migrations import migrate
 from fencegate.store.base import (
     DecideRequest,
     Decision,
@@ -16,6 +14,8 @@ from fencegate.store.base import (
     StoredResponse,
     StoreUnavailable,
 )
+from fencegate.store.dburl import parse_database_url
+from fencegate.store.migrations import migrate
 
 __all__ = [
     "DecideRequest",
@@ -38,12 +38,14 @@ async def open_gateway_store(
     run_migrations: bool | None = None,
     pool_max_size: int = 20,
     timeout: float = 30.0,
+    history: bool = True,
 ) -> GatewayStore:
     """Open the store a database URL names (no URL: SQLite ``./fencegate.db``).
 
-    ``run_migrations`` None means the default: migrate an SQLite file (the embedded store
-    should just work), leave PostgreSQL alone (its schema is an operator's decision,
-    ``fencegate migrate``).
+    ``history`` keeps the decision history (one row per keyed or fenced decision, written in
+    the decision's own transaction). ``run_migrations`` None means the default: migrate an
+    SQLite file (the embedded store should just work), leave PostgreSQL alone (its schema is
+    an operator's decision, ``fencegate migrate``).
     """
     target = parse_database_url(url)
     if run_migrations is None:
@@ -54,9 +56,13 @@ async def open_gateway_store(
         from fencegate.store.postgres import PostgresGatewayStore
 
         return await PostgresGatewayStore.connect(
-            target.url, max_size=pool_max_size, min_size=min(2, pool_max_size), timeout=timeout
+            target,
+            max_size=pool_max_size,
+            min_size=min(2, pool_max_size),
+            timeout=timeout,
+            history=history,
         )
     from fencegate.store.sqlite import SQLiteGatewayStore
 
     assert target.sqlite_path is not None
-    return SQLiteGatewayStore.open(target.sqlite_path)
+    return SQLiteGatewayStore.open(target.sqlite_path, history=history)

@@ -86,6 +86,7 @@ class Reservation:
     key: str
     owner: str
     attempt: int
+    request_id: str = ""  # the request behind it, for the decision history
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +123,7 @@ class PurgeCounts:
     keys: int
     fences: int
     nonces: int
+    decisions: int = 0
 
 
 class GatewayStore(Protocol):
@@ -140,7 +142,11 @@ class GatewayStore(Protocol):
         the expiry it was given at reservation."""
         ...
 
-    async def release(self, reservation: Reservation, *, timeout: float) -> bool: ...
+    async def release(
+        self, reservation: Reservation, *, upstream_status: int | None = None, timeout: float
+    ) -> bool:
+        """Delete the reservation (nothing was sent, or a 5xx the route does not store)."""
+        ...
 
     async def mark_unknown(self, reservation: Reservation, *, timeout: float) -> bool: ...
 

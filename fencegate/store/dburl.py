@@ -1,29 +1,56 @@
-"""Which store a database URL names: PostgreSQL (asyncpg) or SQLite (standard library)."""
+"""Which store a database URL names: PostgreSQL (asyncpg) or SQLite (standard library).
+
+A PostgreSQL URL may name the schema fencegate's tables live in with ``?schema=NAME``
+(default: the server's search path, normally ``public``). fencegate takes that parameter out
+of the URL and sets the connections' ``search_path`` instead, so every statement stays
+unqualified and one database can hold several fencegate installations.
+"""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 DEFAULT_SQLITE_URL = "sqlite:///fencegate.db"
+
+_SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
 
 @dataclass(frozen=True)
 class DatabaseURL:
     kind: Literal["postgresql", "sqlite"]
-    url: str
+    url: str  # as given
     sqlite_path: Path | None = None
+    schema: str | None = None  # PostgreSQL: where the tables live
+
+    @property
+    def dsn(self) -> str:
+        """The URL for the driver: fencegate's own parameters taken out."""
+        if self.kind != "postgresql":
+            return self.url
+        parts = urlsplit(self.url)
+        query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != "schema"]
+        return urlunsplit(parts._replace(query=urlencode(query)))
 
 
 def parse_database_url(url: str | None) -> DatabaseURL:
-    """Parse ``postgresql://…``, ``postgres://…``, ``sqlite:///relative.db`` or
+    """Parse ``postgresql://…[?schema=NAME]``, ``postgres://…``, ``sqlite:///relative.db`` or
     ``sqlite:////absolute.db``. No URL means the embedded default ``./fencegate.db``."""
     url = url or DEFAULT_SQLITE_URL
-    scheme = urlsplit(url).scheme.lower()
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
     if scheme in ("postgresql", "postgres"):
-        return DatabaseURL("postgresql", url)
+        schemas = [v for k, v in parse_qsl(parts.query, keep_blank_values=True) if k == "schema"]
+        schema = schemas[-1] if schemas else None
+        if schema is not None and not _SCHEMA_NAME.fullmatch(schema):
+            raise ValueError(
+                f"schema={schema!r}: a schema name is lower-case letters, digits and _ "
+                "(at most 63), not starting with a digit"
+            )
+        return DatabaseURL("postgresql", url, schema=schema)
     if scheme == "sqlite":
         rest = url[len("sqlite://") :]
         if not rest.startswith("/") or rest == "/":

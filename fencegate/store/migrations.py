@@ -13,8 +13,8 @@ from typing import Literal
 
 import asyncpg
 
-from fencegate.dburl import parse_database_url
-from fencegate.sqlite_db import SQLiteDatabase, write_transaction
+from fencegate.store.dburl import parse_database_url
+from fencegate.store.sqlite_db import SQLiteDatabase, write_transaction
 
 _ADVISORY_LOCK_ID = 0x46454E43  # "FENC"
 
@@ -54,8 +54,14 @@ def split_sqlite_statements(script: str) -> list[str]:
     return statements
 
 
-async def migrate_postgres(conn: asyncpg.Connection) -> list[str]:
+async def migrate_postgres(conn: asyncpg.Connection, *, schema: str | None = None) -> list[str]:
+    """Apply pending migrations on ``conn``; with ``schema``, in that schema (created if
+    needed), which the stores then put on their connections' search path."""
     applied: list[str] = []
+    if schema is not None:
+        # The name was checked against [a-z_][a-z0-9_]* when the URL was parsed.
+        await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
+        await conn.execute(f'SET search_path TO "{schema}"')
     async with conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock($1)", _ADVISORY_LOCK_ID)
         await conn.execute(_MIGRATIONS_TABLE)
@@ -94,9 +100,9 @@ async def migrate(database_url: str | None, *, timeout: float = 60.0) -> list[st
     """Apply pending migrations to the store a URL names; returns the names applied."""
     target = parse_database_url(database_url)
     if target.kind == "postgresql":
-        conn = await asyncpg.connect(target.url, timeout=timeout)
+        conn = await asyncpg.connect(target.dsn, timeout=timeout)
         try:
-            return await migrate_postgres(conn)
+            return await migrate_postgres(conn, schema=target.schema)
         finally:
             await conn.close()
     assert target.sqlite_path is not None

@@ -12,7 +12,7 @@ from typing import Literal
 from urllib.parse import urlsplit, urlunsplit
 
 from fencegate.errors import FencegateError
-from fencegate.migrations import migration_files
+from fencegate.store.migrations import migration_files
 
 
 class SchemaMismatch(FencegateError):

@@ -1,8 +1,13 @@
 """The gateway store on SQLite: the embedded default.
 
-Each decision runs in one BEGIN IMMEDIATE transaction on the store's single connection, so
-the read and the write it decides on cannot interleave with another process's write (WAL
-lets several gateway processes share the file). Times come from the database clock.
+Each batch of decisions runs in one BEGIN IMMEDIATE transaction on the store's single
+connection, so the read and the write it decides on cannot interleave with another process's
+write (WAL lets several gateway processes share the file). Times come from the database
+clock. The SQL is in ``sql/sqlite/queries/gateway.sql``.
+
+`decide_in` is the reference of the decision order's steps 3 and 4: the PostgreSQL function
+``fencegate_step`` is held to it by a differential test that runs random sequences of
+operations against both stores.
 """
 
 from __future__ import annotations
@@ -11,11 +16,11 @@ import sqlite3
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 import orjson
 
-from fencegate.sqlite_db import SQLITE_NOW, SQLiteDatabase, write_transaction
+from fencegate.errors import StoreUnavailable
 from fencegate.store.base import (
     DEFAULT_FENCE_TTL_SECONDS,
     DecideRequest,
@@ -26,19 +31,37 @@ from fencegate.store.base import (
     Reservation,
     ResolveResult,
     StoredResponse,
-    StoreUnavailable,
 )
 from fencegate.store.batching import Batcher
+from fencegate.store.queries import Queries
+from fencegate.store.sqlite_db import SQLiteDatabase, write_transaction
 
 T = TypeVar("T")
 
-NOW = SQLITE_NOW
-
-_OWNED = "tenant = ? AND key = ? AND owner = ? AND attempt = ? AND state = 'in_flight'"
-# A late answer from the holder of a key marked unknown still completes it.
-_HELD = (
-    "tenant = ? AND key = ? AND owner = ? AND attempt = ? "
-    "AND state IN ('in_flight', 'outcome_unknown')"
+Q = Queries(
+    "sqlite",
+    "now",
+    "fence_get",
+    "fence_accept",
+    "key_get",
+    "key_reserve",
+    "key_take_over",
+    "record_decision",
+    "complete",
+    "release",
+    "mark_unknown",
+    "renew",
+    "remember_nonce",
+    "get_key",
+    "resolve_completed",
+    "resolve_released",
+    "migrations_table",
+    "applied_migrations",
+    "purge_keys",
+    "purge_fences",
+    "purge_nonces",
+    "purge_decisions",
+    "ping",
 )
 
 
@@ -53,56 +76,87 @@ def _check_deadline(deadline: float) -> None:
         raise _CallerGaveUp
 
 
-def _decide_many(
-    conn: sqlite3.Connection, requests: list[DecideRequest], deadline: float
+def clock(conn: sqlite3.Connection) -> float:
+    return float(conn.execute(Q.now).fetchone()[0])
+
+
+class History:
+    """Decision-history rows of one transaction, written together before it commits."""
+
+    def __init__(self, conn: sqlite3.Connection, now: float, *, keep: bool) -> None:
+        self.conn = conn
+        self.now = now
+        self.keep = keep
+        self.rows: list[dict[str, Any]] = []
+
+    def add(self, decision: str, **fields: Any) -> None:
+        if self.keep:
+            row = {"entity": None, "key": None, "fence": None, "attempt": None, "owner": None}
+            row |= {"request_id": None, "method": None, "target": None, "upstream_status": None}
+            self.rows.append(row | fields | {"decision": decision, "now": self.now})
+
+    def write(self) -> None:
+        if self.rows:
+            self.conn.executemany(Q.record_decision, self.rows)
+
+
+def decide_in(
+    conn: sqlite3.Connection, requests: list[DecideRequest], deadline: float, *, history: bool
 ) -> list[Decision | BaseException]:
     """Decisions in arrival order, in one write transaction: one lock and one commit for
     everything that queued up while the previous batch ran."""
     with write_transaction(conn):
         _check_deadline(deadline)
-        now = float(conn.execute(f"SELECT {NOW}").fetchone()[0])
-        return [_decide(conn, r, now) for r in requests]
+        log = History(conn, clock(conn), keep=history)
+        decisions: list[Decision | BaseException] = []
+        for r in requests:
+            decision = _decide(conn, r, log.now)
+            decisions.append(decision)
+            log.add(
+                decision.outcome.value,
+                tenant=r.tenant,
+                entity=r.entity,
+                key=r.key,
+                fence=r.fence,
+                attempt=decision.attempt,
+                owner=r.owner,
+                request_id=r.request_id,
+                method=r.method,
+                target=r.target,
+                expires_at=log.now + r.ttl_seconds,
+            )
+        log.write()
+        return decisions
 
 
 def _decide(conn: sqlite3.Connection, r: DecideRequest, now: float) -> Decision:
+    # Step 3: the fence, if any. A stale fence changes nothing.
     last: int | None = None
     if r.fence is not None:
-        row = conn.execute(
-            "SELECT last_accepted FROM fences WHERE tenant = ? AND entity = ?",
-            (r.tenant, r.entity),
-        ).fetchone()
+        row = conn.execute(Q.fence_get, (r.tenant, r.entity)).fetchone()
         if row is not None and r.fence < row[0]:
             return Decision(Outcome.STALE, last_accepted=int(row[0]))
         conn.execute(
-            "INSERT INTO fences (tenant, entity, last_accepted, updated_at) "
-            "VALUES (?, ?, ?, ?) ON CONFLICT (tenant, entity) DO UPDATE "
-            "SET last_accepted = excluded.last_accepted, updated_at = excluded.updated_at",
-            (r.tenant, r.entity, r.fence, now),
+            Q.fence_accept, {"tenant": r.tenant, "entity": r.entity, "fence": r.fence, "now": now}
         )
         last = r.fence
     if r.key is None:
         return Decision(Outcome.FENCE_ONLY, last_accepted=last)
 
-    row = conn.execute(
-        "SELECT * FROM idempotency_keys WHERE tenant = ? AND key = ?", (r.tenant, r.key)
-    ).fetchone()
+    # Step 4: the key.
+    holder = {
+        "tenant": r.tenant,
+        "key": r.key,
+        "owner": r.owner,
+        "entity": r.entity,
+        "fence": r.fence,
+        "now": now,
+        "lease_seconds": r.lease_seconds,
+    }
+    row = conn.execute(Q.key_get, (r.tenant, r.key)).fetchone()
     if row is None or row["expires_at"] <= now:
         conn.execute(
-            "INSERT OR REPLACE INTO idempotency_keys (tenant, key, fingerprint, state, "
-            "owner, locked_until, attempt, entity, fence, created_at, reserved_at, expires_at) "
-            "VALUES (?, ?, ?, 'in_flight', ?, ?, 1, ?, ?, ?, ?, ?)",
-            (
-                r.tenant,
-                r.key,
-                r.fingerprint,
-                r.owner,
-                now + r.lease_seconds,
-                r.entity,
-                r.fence,
-                now,
-                now,
-                now + r.ttl_seconds,
-            ),
+            Q.key_reserve, holder | {"fingerprint": r.fingerprint, "ttl_seconds": r.ttl_seconds}
         )
         return Decision(Outcome.RESERVED, last_accepted=last, attempt=1)
     if row["fingerprint"] != r.fingerprint:
@@ -137,54 +191,42 @@ def _decide(conn: sqlite3.Connection, r: DecideRequest, now: float) -> Decision:
             unknown_since=float(row["locked_until"]) if row["locked_until"] is not None else None,
         )
     attempt = int(row["attempt"]) + 1
-    conn.execute(
-        "UPDATE idempotency_keys SET state = 'in_flight', owner = ?, locked_until = ?, "
-        "reserved_at = ?, attempt = ?, entity = ?, fence = ? WHERE tenant = ? AND key = ?",
-        (r.owner, now + r.lease_seconds, now, attempt, r.entity, r.fence, r.tenant, r.key),
-    )
+    conn.execute(Q.key_take_over, holder | {"attempt": attempt})
     outcome = Outcome.TAKEN_OVER if state == "in_flight" else Outcome.RETRY_UNKNOWN
     return Decision(outcome, last_accepted=last, attempt=attempt)
 
 
-def _execute(sql: str, params: tuple[object, ...]) -> Callable[[sqlite3.Connection], int]:
-    def run(conn: sqlite3.Connection) -> int:
-        with write_transaction(conn):
-            return conn.execute(sql, params).rowcount
-
-    return run
+def _held(r: Reservation, now: float) -> dict[str, Any]:
+    return {"tenant": r.tenant, "key": r.key, "owner": r.owner, "attempt": r.attempt, "now": now}
 
 
-def _key(r: Reservation) -> tuple[object, ...]:
-    return (r.tenant, r.key, r.owner, r.attempt)
-
-
-def _remember_nonce(
-    key_id: str, nonce: str, ttl: float, deadline: float
+def _conditional(
+    sql: str, decision: str, r: Reservation, *, history: bool, upstream_status: int | None = None
 ) -> Callable[[sqlite3.Connection], bool]:
+    """A write on one reservation, and its history row, in one transaction."""
+
     def run(conn: sqlite3.Connection) -> bool:
         with write_transaction(conn):
-            _check_deadline(deadline)
-            cur = conn.execute(
-                f"INSERT INTO signature_nonces (key_id, nonce, expires_at) "
-                f"VALUES (?, ?, {NOW} + ?) ON CONFLICT (key_id, nonce) DO UPDATE "
-                f"SET expires_at = excluded.expires_at "
-                f"WHERE signature_nonces.expires_at <= {NOW}",
-                (key_id, nonce, ttl),
+            log = History(conn, clock(conn), keep=history)
+            row = conn.execute(sql, _held(r, log.now)).fetchone()
+            if row is None:
+                return False
+            log.add(
+                decision,
+                tenant=r.tenant,
+                entity=row["entity"],
+                key=r.key,
+                fence=row["fence"],
+                attempt=r.attempt,
+                owner=r.owner,
+                request_id=r.request_id,
+                upstream_status=upstream_status,
+                expires_at=row["expires_at"],
             )
-            return cur.rowcount > 0
+            log.write()
+            return True
 
     return run
-
-
-# An unknown outcome: marked so, or in flight with an expired lease.
-_UNKNOWN_ROW = f"(state = 'outcome_unknown' OR (state = 'in_flight' AND locked_until <= {NOW}))"
-
-_GET_KEY = (
-    "SELECT tenant, key, state, owner, attempt, entity, fence, fingerprint, locked_until, "
-    "reserved_at, created_at, completed_at, expires_at, response_status, "
-    f"{NOW} AS now, {_UNKNOWN_ROW} AS unknown "
-    "FROM idempotency_keys WHERE tenant = ? AND key = ?"
-)
 
 
 def _key_record(row: sqlite3.Row | None) -> KeyRecord | None:
@@ -200,33 +242,37 @@ def _resolve(
 ) -> Callable[[sqlite3.Connection], ResolveResult]:
     def run(conn: sqlite3.Connection) -> ResolveResult:
         with write_transaction(conn):
+            log = History(conn, clock(conn), keep=True)
+            which = {"tenant": tenant, "key": key, "now": log.now}
             if response is None:
-                cur = conn.execute(
-                    f"DELETE FROM idempotency_keys WHERE tenant = ? AND key = ? AND {_UNKNOWN_ROW}",
-                    (tenant, key),
-                )
+                row = conn.execute(Q.resolve_released, which).fetchone()
                 done = ResolveResult.RELEASED
             else:
-                cur = conn.execute(
-                    "UPDATE idempotency_keys SET state = 'completed', owner = ?, "
-                    "response_status = ?, response_headers = ?, response_body = ?, "
-                    f"response_sha256 = ?, body_too_large = 0, completed_at = {NOW}, "
-                    f"locked_until = NULL WHERE tenant = ? AND key = ? AND {_UNKNOWN_ROW}",
-                    (
-                        resolved_by,
-                        response.status,
-                        orjson.dumps(response.headers).decode(),
-                        response.body,
-                        response.sha256,
-                        tenant,
-                        key,
-                    ),
-                )
+                answer = {
+                    "owner": resolved_by,
+                    "status": response.status,
+                    "headers": orjson.dumps(response.headers).decode(),
+                    "body": response.body,
+                    "sha256": response.sha256,
+                }
+                row = conn.execute(Q.resolve_completed, which | answer).fetchone()
                 done = ResolveResult.COMPLETED
-            if cur.rowcount > 0:
-                return done
-            found = conn.execute(_GET_KEY, (tenant, key)).fetchone()
-            return ResolveResult.NOT_FOUND if found is None else ResolveResult.NOT_UNKNOWN
+            if row is None:
+                found = conn.execute(Q.key_get, (tenant, key)).fetchone()
+                return ResolveResult.NOT_FOUND if found is None else ResolveResult.NOT_UNKNOWN
+            log.add(
+                f"resolved_{done.value}",
+                tenant=tenant,
+                entity=row["entity"],
+                key=key,
+                fence=row["fence"],
+                attempt=row["attempt"],
+                owner=resolved_by,
+                upstream_status=response.status if response is not None else None,
+                expires_at=row["expires_at"],
+            )
+            log.write()
+            return done
 
     return run
 
@@ -234,8 +280,9 @@ def _resolve(
 class SQLiteGatewayStore:
     kind: Literal["postgresql", "sqlite"] = "sqlite"
 
-    def __init__(self, db: SQLiteDatabase) -> None:
+    def __init__(self, db: SQLiteDatabase, *, history: bool = True) -> None:
         self._db = db
+        self.history = history
         # One connection on one thread: a single batch at a time, and each batch is one
         # thread hand-off and one transaction however many calls it carries.
         self._decider: Batcher[DecideRequest, Decision] = Batcher(
@@ -246,8 +293,10 @@ class SQLiteGatewayStore:
         )
 
     @classmethod
-    def open(cls, path: Path | str, *, busy_timeout: float = 5.0) -> SQLiteGatewayStore:
-        return cls(SQLiteDatabase(path, busy_timeout=busy_timeout))
+    def open(
+        cls, path: Path | str, *, busy_timeout: float = 5.0, history: bool = True
+    ) -> SQLiteGatewayStore:
+        return cls(SQLiteDatabase(path, busy_timeout=busy_timeout), history=history)
 
     async def _run(self, fn: Callable[[sqlite3.Connection], T], *, timeout: float) -> T:
         try:
@@ -266,7 +315,10 @@ class SQLiteGatewayStore:
         self, requests: list[DecideRequest], timeout: float
     ) -> list[Decision | BaseException]:
         deadline = time.monotonic() + timeout
-        return await self._run(lambda conn: _decide_many(conn, requests, deadline), timeout=timeout)
+        history = self.history
+        return await self._run(
+            lambda conn: decide_in(conn, requests, deadline, history=history), timeout=timeout
+        )
 
     async def complete(
         self,
@@ -280,58 +332,82 @@ class SQLiteGatewayStore:
     async def _complete_many(
         self, items: list[tuple[Reservation, StoredResponse]], timeout: float
     ) -> list[bool | BaseException]:
-        sql = (
-            "UPDATE idempotency_keys SET state = 'completed', response_status = ?, "
-            "response_headers = ?, response_body = ?, response_sha256 = ?, "
-            f"body_too_large = ?, completed_at = {NOW}, locked_until = NULL WHERE {_HELD}"
-        )
-        rows = [
-            (
-                answer.status,
-                orjson.dumps(answer.headers).decode(),
-                answer.body,
-                answer.sha256,
-                int(answer.body is None),
-                *_key(reservation),
-            )
-            for reservation, answer in items
-        ]
+        history = self.history
 
         def run(conn: sqlite3.Connection) -> list[bool | BaseException]:
             with write_transaction(conn):
-                return [conn.execute(sql, row).rowcount > 0 for row in rows]
+                log = History(conn, clock(conn), keep=history)
+                results: list[bool | BaseException] = []
+                for r, answer in items:
+                    row = conn.execute(
+                        Q.complete,
+                        _held(r, log.now)
+                        | {
+                            "status": answer.status,
+                            "headers": orjson.dumps(answer.headers).decode(),
+                            "body": answer.body,
+                            "sha256": answer.sha256,
+                            "too_large": int(answer.body is None),
+                        },
+                    ).fetchone()
+                    results.append(row is not None)
+                    if row is not None:
+                        log.add(
+                            "completed",
+                            tenant=r.tenant,
+                            entity=row["entity"],
+                            key=r.key,
+                            fence=row["fence"],
+                            attempt=r.attempt,
+                            owner=r.owner,
+                            request_id=r.request_id,
+                            upstream_status=answer.status,
+                            expires_at=row["expires_at"],
+                        )
+                log.write()
+                return results
 
         return await self._run(run, timeout=timeout)
 
-    async def release(self, reservation: Reservation, *, timeout: float) -> bool:
-        sql = f"DELETE FROM idempotency_keys WHERE {_OWNED}"
-        return await self._run(_execute(sql, _key(reservation)), timeout=timeout) > 0
+    async def release(
+        self, reservation: Reservation, *, upstream_status: int | None = None, timeout: float
+    ) -> bool:
+        write = _conditional(
+            Q.release,
+            "released",
+            reservation,
+            history=self.history,
+            upstream_status=upstream_status,
+        )
+        return await self._run(write, timeout=timeout)
 
     async def mark_unknown(self, reservation: Reservation, *, timeout: float) -> bool:
-        sql = (
-            # locked_until keeps the moment the outcome became unknown (shown to the caller).
-            f"UPDATE idempotency_keys SET state = 'outcome_unknown', locked_until = {NOW} "
-            f"WHERE {_OWNED}"
-        )
-        return await self._run(_execute(sql, _key(reservation)), timeout=timeout) > 0
+        write = _conditional(Q.mark_unknown, "marked_unknown", reservation, history=self.history)
+        return await self._run(write, timeout=timeout)
 
     async def renew(
         self, reservation: Reservation, lease_seconds: float, *, timeout: float
     ) -> bool:
-        sql = (
-            f"UPDATE idempotency_keys SET locked_until = {NOW} + ? "
-            f"WHERE {_OWNED} AND locked_until > {NOW}"
-        )
-        params = (float(lease_seconds), *_key(reservation))
-        return await self._run(_execute(sql, params), timeout=timeout) > 0
+        params = _held(reservation, 0.0) | {"lease_seconds": float(lease_seconds)}
+
+        def run(conn: sqlite3.Connection) -> bool:
+            with write_transaction(conn):
+                return conn.execute(Q.renew, params).rowcount > 0
+
+        return await self._run(run, timeout=timeout)
 
     async def remember_nonce(
         self, key_id: str, nonce: str, ttl_seconds: float, *, timeout: float
     ) -> bool:
         deadline = time.monotonic() + timeout
-        return await self._run(
-            _remember_nonce(key_id, nonce, float(ttl_seconds), deadline), timeout=timeout
-        )
+
+        def run(conn: sqlite3.Connection) -> bool:
+            with write_transaction(conn):
+                _check_deadline(deadline)
+                cur = conn.execute(Q.remember_nonce, (key_id, nonce, float(ttl_seconds)))
+                return cur.rowcount > 0
+
+        return await self._run(run, timeout=timeout)
 
     async def purge(
         self,
@@ -342,61 +418,47 @@ class SQLiteGatewayStore:
     ) -> PurgeCounts:
         """Delete in batches so that other processes get the write lock in between;
         `timeout` bounds each batch."""
-        keys = await self._purge_table(
-            "idempotency_keys", "tenant, key", f"expires_at <= {NOW}", (), batch_size, timeout
+        batch = {"batch": batch_size}
+        return PurgeCounts(
+            keys=await self._purge(Q.purge_keys, batch, timeout),
+            fences=await self._purge(
+                Q.purge_fences, batch | {"fence_ttl": float(fence_ttl_seconds)}, timeout
+            ),
+            nonces=await self._purge(Q.purge_nonces, batch, timeout),
+            decisions=await self._purge(Q.purge_decisions, batch, timeout),
         )
-        fences = await self._purge_table(
-            "fences",
-            "tenant, entity",
-            f"updated_at <= {NOW} - ?",
-            (float(fence_ttl_seconds),),
-            batch_size,
-            timeout,
-        )
-        nonces = await self._purge_table(
-            "signature_nonces", "key_id, nonce", f"expires_at <= {NOW}", (), batch_size, timeout
-        )
-        return PurgeCounts(keys=keys, fences=fences, nonces=nonces)
 
-    async def _purge_table(
-        self,
-        table: str,
-        pk: str,
-        where: str,
-        params: tuple[object, ...],
-        batch_size: int,
-        timeout: float,
-    ) -> int:
-        sql = (
-            f"DELETE FROM {table} WHERE ({pk}) IN (SELECT {pk} FROM {table} WHERE {where} LIMIT ?)"
-        )
+    async def _purge(self, sql: str, params: dict[str, Any], timeout: float) -> int:
+        def run(conn: sqlite3.Connection) -> int:
+            with write_transaction(conn):
+                return conn.execute(sql, params).rowcount
+
         total = 0
         while True:
-            deleted = await self._run(_execute(sql, (*params, batch_size)), timeout=timeout)
+            deleted = await self._run(run, timeout=timeout)
             total += deleted
-            if deleted < batch_size:
+            if deleted < params["batch"]:
                 return total
 
     async def ping(self, *, timeout: float) -> None:
-        await self._run(lambda conn: conn.execute("SELECT 1").fetchone(), timeout=timeout)
+        await self._run(lambda conn: conn.execute(Q.ping).fetchone(), timeout=timeout)
 
     async def applied_migrations(self, *, timeout: float) -> list[str] | None:
         def read(conn: sqlite3.Connection) -> list[str] | None:
-            table = conn.execute(
-                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'fencegate_migrations'"
-            ).fetchone()
-            if table is None:
+            if conn.execute(Q.migrations_table).fetchone() is None:
                 return None
-            rows = conn.execute("SELECT name FROM fencegate_migrations ORDER BY name")
-            return [str(r[0]) for r in rows]
+            return [str(r[0]) for r in conn.execute(Q.applied_migrations)]
 
         return await self._run(read, timeout=timeout)
 
     async def get_key(self, tenant: str, key: str, *, timeout: float) -> KeyRecord | None:
-        return await self._run(
-            lambda conn: _key_record(conn.execute(_GET_KEY, (tenant, key)).fetchone()),
-            timeout=timeout,
-        )
+        def read(conn: sqlite3.Connection) -> KeyRecord | None:
+            now = clock(conn)
+            return _key_record(
+                conn.execute(Q.get_key, {"tenant": tenant, "key": key, "now": now}).fetchone()
+            )
+
+        return await self._run(read, timeout=timeout)
 
     async def resolve_key(
         self,

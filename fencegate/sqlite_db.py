@@ -1,0 +1,3 @@
+"""Moved to `fencegate.store.sqlite_db`."""
+
+from fencegate.store.sqlite_db import *  # noqa: F403

@@ -1,0 +1,111 @@
+"""The PostgreSQL connection layer every fencegate store shares: one asyncpg pool, every call
+bounded by ``timeout=`` as a whole (acquire, query, release), and one error rule.
+
+Whatever fails at this boundary (a lost or refused connection, a timeout, a server error, a
+missing schema, asyncpg's own protocol errors) is raised as `StoreUnavailable`: to a gateway
+that means fail closed (503), to a worker that its ownership is unknown. Callers never see a
+driver exception.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import asyncpg
+
+from fencegate.errors import StoreUnavailable
+from fencegate.store.dburl import DatabaseURL
+
+T = TypeVar("T")
+
+
+def unavailable(exc: BaseException, timeout: float) -> StoreUnavailable:
+    """Every failure at the store boundary means the same: the store could not decide or
+    record. A driver's protocol error (asyncpg's ``InternalClientError``), a missing schema
+    and a dropped database included."""
+    if isinstance(exc, TimeoutError):
+        return StoreUnavailable(f"no answer within {timeout}s")
+    return StoreUnavailable(f"{type(exc).__name__}: {exc}")
+
+
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """The stores never change session state (no SET, LISTEN or advisory lock on a pooled
+    connection), so a connection going back to the pool needs no reset query: that would be
+    one more round trip for every statement."""
+
+
+def _left(deadline: float) -> float:
+    return max(deadline - time.monotonic(), 0.0)
+
+
+def affected(status: str) -> bool:
+    """Whether a command tag (``UPDATE 1``, ``DELETE 0``) says a row was touched."""
+    return not status.endswith(" 0")
+
+
+class PgDatabase:
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self.pool = pool
+
+    @classmethod
+    async def connect(
+        cls,
+        target: DatabaseURL,
+        *,
+        application_name: str,
+        min_size: int = 2,
+        max_size: int = 20,
+        timeout: float = 10.0,
+        reset_sessions: bool = False,
+    ) -> PgDatabase:
+        settings = {"jit": "off", "application_name": application_name}
+        if target.schema is not None:
+            settings["search_path"] = target.schema
+        options: dict[str, object] = {}
+        if not reset_sessions:
+            options["reset"] = _keep_session
+        try:
+            pool = await asyncpg.create_pool(
+                target.dsn,
+                min_size=min_size,
+                max_size=max_size,
+                timeout=timeout,
+                # Bare statements, no JIT: a decision must stay a sub-millisecond call.
+                server_settings=settings,
+                **options,
+            )
+        except Exception as exc:
+            raise unavailable(exc, timeout) from exc
+        assert pool is not None
+        return cls(pool)
+
+    async def run(self, fn: Callable[[asyncpg.Connection], Awaitable[T]], *, timeout: float) -> T:
+        deadline = time.monotonic() + timeout
+        try:
+            conn = await self.pool.acquire(timeout=timeout)
+        except Exception as exc:
+            raise unavailable(exc, timeout) from exc
+        try:
+            async with asyncio.timeout_at(asyncio.get_running_loop().time() + _left(deadline)):
+                return await fn(conn)
+        except BaseException as exc:
+            # The connection is in an unknown state (a query may still run on a silent
+            # network): close it at once rather than wait to reset it for the next caller.
+            with contextlib.suppress(Exception):  # already dropped by the pool
+                conn.terminate()
+            if isinstance(exc, Exception):
+                raise unavailable(exc, timeout) from exc
+            raise
+        finally:
+            with contextlib.suppress(Exception):
+                await self.pool.release(conn, timeout=max(_left(deadline), 0.1))
+
+    async def close(self) -> None:
+        try:
+            await asyncio.wait_for(self.pool.close(), 5.0)
+        except Exception:
+            self.pool.terminate()
