@@ -55,7 +55,7 @@ async def test_refused_upstream_is_502_and_releases_the_key(store: GatewayStore)
     upstream = Upstream("refused")
     policy = RoutePolicy()
     refused = await engine.handle(request(), policy, "default", upstream.forward)
-    assert refused.status == 502 and refused.decision == "502"
+    assert refused.status == 502 and refused.decision == "upstream_unreachable"
     assert str(problem(refused)["type"]).endswith("/upstream-unreachable")
     retried = await engine.handle(request(), policy, "default", upstream.forward)
     assert (retried.status, retried.body) == (200, b"done 2")
@@ -100,9 +100,10 @@ async def test_each_decision_is_counted_once_by_the_pipeline(store: GatewayStore
         await call(pipeline, "POST", "/pay", headers=[("idempotency-key", "k")], body=b"{}")
     await call(pipeline, "POST", "/h/../pay", headers=[("idempotency-key", "k")], body=b"{}")
     text = metrics.render().decode()
-    assert 'fencegate_gateway_requests_total{decision="forwarded"} 1.0' in text
-    assert 'fencegate_gateway_requests_total{decision="replayed"} 2.0' in text
-    assert 'fencegate_gateway_requests_total{decision="400"} 1.0' in text
+    requests = "fencegate_gateway_requests_total"
+    assert f'{requests}{{decision="forwarded",problem=""}} 1.0' in text
+    assert f'{requests}{{decision="replayed",problem=""}} 2.0' in text
+    assert f'{requests}{{decision="invalid_request",problem="invalid-target"}} 1.0' in text
     assert 'fencegate_store_latency_seconds_count{operation="decide"} 3.0' in text
     assert "fencegate_upstream_latency_seconds_count 1.0" in text
 

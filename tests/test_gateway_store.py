@@ -204,7 +204,7 @@ def test_purge_command(store_url: str) -> None:
         timeout=60,
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "purged 0 keys, 0 fences, 0 nonces"
+    assert result.stdout.strip() == "purged 0 keys, 0 fences, 0 nonces, 0 decision history rows"
 
 
 def test_purge_command_names_a_bad_url() -> None:

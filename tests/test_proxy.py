@@ -65,9 +65,10 @@ def test_healthz_and_metrics(upstream: UpstreamProcess, tmp_path: Path) -> None:
     assert metrics.status_code == 200
     assert metrics.headers["content-type"].startswith("text/plain")
     text = metrics.text
-    assert 'fencegate_gateway_requests_total{decision="forwarded"} 1.0' in text
-    assert 'fencegate_gateway_requests_total{decision="replayed"} 1.0' in text
-    assert 'fencegate_gateway_requests_total{decision="400"} 1.0' in text
+    requests = "fencegate_gateway_requests_total"
+    assert f'{requests}{{decision="forwarded",problem=""}} 1.0' in text
+    assert f'{requests}{{decision="replayed",problem=""}} 1.0' in text
+    assert f'{requests}{{decision="invalid_request",problem="entity-required"}} 1.0' in text
     assert 'fencegate_store_latency_seconds_count{operation="decide"} 2.0' in text
     assert "fencegate_upstream_latency_seconds_count 1.0" in text
 
@@ -149,7 +150,8 @@ def test_expired_keys_are_purged_in_the_background(
             remaining = 1
             while remaining and time.monotonic() < deadline:
                 time.sleep(0.2)
-                remaining = db.execute("SELECT count(*) FROM idempotency_keys").fetchone()[0]
+                count = "SELECT count(*) FROM fencegate_idempotency_keys"
+                remaining = db.execute(count).fetchone()[0]
         finally:
             db.close()
     assert remaining == 0

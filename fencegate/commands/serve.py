@@ -12,13 +12,18 @@ import argparse
 import asyncio
 import logging
 import os
-from typing import Any
+import shutil
+import tempfile
+from typing import Any, Literal
 
 import orjson
 
 from fencegate.cli import CommandError
 from fencegate.gateway.config import ConfigError, GatewayConfig, load_config
+from fencegate.gateway.metrics import MULTIPROC_ENV
 from fencegate.types import Authenticator
+
+StoreKind = Literal["postgresql", "sqlite"]
 
 OVERRIDES_ENV = "FENCEGATE_SERVE_OVERRIDES"
 
@@ -44,6 +49,7 @@ _OPTIONS: list[tuple[str, str, type, str]] = [
         "on SIGTERM, how long to keep recording answers the store has not taken (10)",
     ),
     ("--log-level", "log_level", str, "critical, error, warning, info, debug (info)"),
+    ("--log-format", "log_format", str, "text, or json: one object per line on stderr (text)"),
     ("--workers", "workers", int, "worker processes (1)"),
 ]
 
@@ -79,10 +85,10 @@ def build_config(overrides: dict[str, Any]) -> GatewayConfig:
     return config
 
 
-def configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+def configure_logging(config: GatewayConfig) -> None:
+    from fencegate.gateway.logs import configure_logging as configure
+
+    configure(config.settings.log_level, config.settings.log_format)
 
 
 def create_app_from_environment() -> Any:
@@ -91,7 +97,7 @@ def create_app_from_environment() -> Any:
 
     overrides = orjson.loads(os.environ.get(OVERRIDES_ENV, "{}"))
     config = build_config(overrides)
-    configure_logging(config.settings.log_level)
+    configure_logging(config)
     return GatewayApplication(
         config, authenticator=check_authenticator(config), authenticator_loaded=True
     )
@@ -108,16 +114,17 @@ def check_authenticator(config: GatewayConfig) -> Authenticator | None:
         raise CommandError(str(exc)) from exc
 
 
-def check_store(config: GatewayConfig) -> None:
+def check_store(config: GatewayConfig) -> StoreKind:
     """Open the store (migrating it when asked) and check its schema before serving, so a
-    database nobody migrated stops the start with one line naming `fencegate migrate`."""
+    database nobody migrated stops the start with one line naming `fencegate migrate`.
+    Returns the store's kind."""
     from fencegate.gateway.app import require_schema
-    from fencegate.schema import SchemaMismatch, redacted
     from fencegate.store import open_gateway_store
+    from fencegate.store.schema import SchemaMismatch, redacted
 
     settings = config.settings
 
-    async def check() -> None:
+    async def check() -> StoreKind:
         store = await open_gateway_store(
             settings.database_url, run_migrations=settings.migrate, pool_max_size=1
         )
@@ -125,17 +132,61 @@ def check_store(config: GatewayConfig) -> None:
             await require_schema(
                 store, database_url=settings.database_url, timeout=settings.store_timeout
             )
+            return store.kind
         finally:
             await store.close()
 
     try:
-        asyncio.run(check())
+        return asyncio.run(check())
     except SchemaMismatch as exc:
         raise CommandError(str(exc)) from exc
     except Exception as exc:
         raise CommandError(
             f"cannot open the store {redacted(settings.database_url)}: {type(exc).__name__}: {exc}"
         ) from exc
+
+
+def announce(config: GatewayConfig, *, signatures: bool, store_kind: StoreKind) -> None:
+    """One line (or JSON object) at start-up: what this gateway fronts, what it records in,
+    and what it demands of each route. The password of the database URL is hidden."""
+    from fencegate.gateway.decisions import text_fields
+    from fencegate.store.schema import redacted, schema_version
+
+    settings = config.settings
+    policies = config.policies()
+    if not any(p.prefix == "/" for p in policies):
+        policies.append(config.default_policy())
+    routes: list[dict[str, Any]] = [
+        {
+            "prefix": p.prefix,
+            "upstream": p.upstream or settings.upstream,
+            "methods": sorted(p.key_methods),
+            "on_unknown": p.on_unknown,
+            "timeout": p.timeout,
+            "error_format": p.error_format,
+        }
+        for p in policies
+    ]
+    fields: dict[str, Any] = {
+        "event": "gateway_starting",
+        "upstreams": sorted({str(r["upstream"]) for r in routes}),
+        "store": redacted(settings.database_url),
+        "schema_version": schema_version(store_kind),
+        "signatures": "on" if signatures else "off",
+        "workers": settings.workers,
+        "listen": f"{settings.host}:{settings.port}",
+    }
+    described = "; ".join(
+        f"{r['prefix']} methods={','.join(r['methods'])} on_unknown={r['on_unknown']} "
+        f"timeout={r['timeout']:g}s error_format={r['error_format']}"
+        for r in routes
+    )
+    logging.getLogger("fencegate.gateway").info(
+        "gateway starting: %s routes: %s",
+        text_fields({**fields, "upstreams": ",".join(fields["upstreams"])}, skip=("event",)),
+        described,
+        extra={"fields": {**fields, "routes": routes}},
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -146,9 +197,10 @@ def run(args: argparse.Namespace) -> int:
     overrides = overrides_from(args)
     config = build_config(overrides)
     settings = config.settings
-    configure_logging(settings.log_level)
+    configure_logging(config)
     authenticator = check_authenticator(config)
-    check_store(config)
+    store_kind = check_store(config)
+    announce(config, signatures=authenticator is not None, store_kind=store_kind)
     common: dict[str, Any] = {
         "host": settings.host,
         "port": settings.port,
@@ -160,14 +212,26 @@ def run(args: argparse.Namespace) -> int:
         "server_header": False,
         "date_header": False,
     }
+    if settings.log_format == "json":
+        # uvicorn's own records go to the root handler too, so every line is JSON.
+        common["log_config"] = None
     if settings.workers > 1:
         os.environ[OVERRIDES_ENV] = orjson.dumps(overrides, default=str).decode()
-        uvicorn.run(
-            "fencegate.commands.serve:create_app_from_environment",
-            factory=True,
-            workers=settings.workers,
-            **common,
-        )
+        # Workers are spawned, so they import prometheus_client with this set and write
+        # their values where /metrics in any of them sums them up. Private to this run,
+        # and gone with it: counters from another run must never be added in.
+        metrics_dir = tempfile.mkdtemp(prefix="fencegate-metrics-")
+        os.environ[MULTIPROC_ENV] = metrics_dir
+        try:
+            uvicorn.run(
+                "fencegate.commands.serve:create_app_from_environment",
+                factory=True,
+                workers=settings.workers,
+                **common,
+            )
+        finally:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
+            del os.environ[MULTIPROC_ENV]
     else:
         uvicorn.run(
             GatewayApplication(config, authenticator=authenticator, authenticator_loaded=True),

@@ -18,8 +18,8 @@ from fencegate.gateway.pipeline import Pipeline
 from fencegate.gateway.proxy import ReverseProxy
 from fencegate.gateway.routes import RouteTable
 from fencegate.gateway.upstream import HttpUpstream
-from fencegate.schema import check_applied
 from fencegate.store import GatewayStore, StoreUnavailable, open_gateway_store
+from fencegate.store.schema import check_applied
 from fencegate.types import Authenticator, Receive, Scope, Send
 
 logger = logging.getLogger("fencegate.gateway")
@@ -147,12 +147,13 @@ class GatewayApplication:
             except StoreUnavailable as exc:
                 logger.warning("periodic purge skipped: %s", exc)
                 continue
-            if counts.keys or counts.fences or counts.nonces:
+            if counts.keys or counts.fences or counts.nonces or counts.decisions:
                 logger.info(
-                    "purged %d keys, %d fences, %d nonces",
+                    "purged %d keys, %d fences, %d nonces, %d decision history rows",
                     counts.keys,
                     counts.fences,
                     counts.nonces,
+                    counts.decisions,
                 )
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:

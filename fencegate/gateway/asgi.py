@@ -48,17 +48,27 @@ async def read_body(scope: Scope, receive: Receive, *, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def incoming_request(scope: Scope, body: bytes, target: Target) -> IncomingRequest:
+def request_id_of(scope: Scope) -> str:
+    """The caller's X-Request-Id when it is a sane one, else a new one: known before the body
+    is read, so that every answer (even a 413) carries it."""
+    for name, value in scope["headers"]:
+        if name.lower() == b"x-request-id":
+            text = value.decode("latin-1")
+            if _SANE_REQUEST_ID.fullmatch(text):
+                return text
+    return uuid.uuid4().hex[:16]
+
+
+def incoming_request(
+    scope: Scope, body: bytes, target: Target, *, request_id: str | None = None
+) -> IncomingRequest:
     authority = ""
-    request_id = ""
     headers: list[tuple[str, str]] = []
     for name, value in scope["headers"]:
         key = name.decode("latin-1").lower()
         text = value.decode("latin-1")
         if key == "host" and not authority:
             authority = text
-        elif key == "x-request-id" and not request_id and _SANE_REQUEST_ID.fullmatch(text):
-            request_id = text
         headers.append((key, text))
     if not authority and scope.get("server"):
         host, port = scope["server"]
@@ -72,14 +82,18 @@ def incoming_request(scope: Scope, body: bytes, target: Target) -> IncomingReque
         headers=tuple(headers),
         body=body,
         decoded_path=target.route_path,
-        request_id=request_id or uuid.uuid4().hex[:16],
+        request_id=request_id or request_id_of(scope),
     )
 
 
 _FRAMING = frozenset({"content-length", "transfer-encoding", "connection", "keep-alive"})
 
 
-async def send_response(send: Send, response: GatewayResponse) -> None:
+async def send_response(
+    send: Send, response: GatewayResponse, *, request_id: str | None = None
+) -> None:
+    """``request_id`` replaces any X-Request-Id of the answer (an upstream's, or a stored
+    one in a replay): the caller gets back the id its own request is logged under."""
     # The body is whole, so its length is known: framing headers are recomputed, except a
     # Content-Length given with no body (a HEAD answer describes the GET's body).
     headers = []
@@ -88,8 +102,10 @@ async def send_response(send: Send, response: GatewayResponse) -> None:
         name = k.lower()
         if name == "content-length" and not response.body:
             length = v.encode("latin-1")
-        elif name not in _FRAMING:
+        elif name not in _FRAMING and not (request_id is not None and name == "x-request-id"):
             headers.append((name.encode("latin-1"), v.encode("latin-1")))
     headers.append((b"content-length", length or str(len(response.body)).encode()))
+    if request_id is not None:
+        headers.append((b"x-request-id", request_id.encode("latin-1")))
     await send({"type": "http.response.start", "status": response.status, "headers": headers})
     await send({"type": "http.response.body", "body": response.body})

@@ -41,9 +41,11 @@ class GatewaySettings(BaseSettings):
     # On SIGTERM, how long to keep trying to record answers the store has not taken yet.
     shutdown_grace_seconds: float = Field(default=10.0, ge=0)
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+    # text for people; json: one object per line on stderr, for log pipelines.
+    log_format: Literal["text", "json"] = "text"
     workers: int = Field(default=1, ge=1)
 
-    @field_validator("log_level", mode="before")
+    @field_validator("log_level", "log_format", mode="before")
     @classmethod
     def _lower(cls, value: Any) -> Any:
         return value.lower() if isinstance(value, str) else value

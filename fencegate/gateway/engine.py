@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from fencegate.gateway import headers as h
+from fencegate.gateway.decisions import DecisionTrace, decision_of
 from fencegate.gateway.fingerprint import request_fingerprint
 from fencegate.gateway.headers import NOT_REPLAYED
 from fencegate.gateway.metrics import GatewayMetrics
@@ -57,7 +58,10 @@ class GatewayResponse:
     status: int
     headers: list[tuple[str, str]]
     body: bytes
-    decision: str  # label for fencegate_gateway_requests_total
+    decision: str  # a word, for fencegate_gateway_requests_total and the decision log
+    # The gateway's own error answer, kept so that a route can render it in another
+    # format (e.g. Stripe's); None for answers that are not problems.
+    problem: Problem | None = None
 
 
 def problem_response(problem: Problem, decision: str | None = None) -> GatewayResponse:
@@ -65,7 +69,8 @@ def problem_response(problem: Problem, decision: str | None = None) -> GatewayRe
         problem.status,
         problem.response_headers(),
         problem.body(),
-        decision or str(problem.status),
+        decision or decision_of(problem),
+        problem,
     )
 
 
@@ -106,16 +111,24 @@ class Engine:
         policy: RoutePolicy,
         tenant: str,
         forward: Forward,
+        *,
+        trace: DecisionTrace | None = None,
     ) -> GatewayResponse:
         """The answer, with its decision label (the pipeline counts it). The request's body
-        is already within the route's limit (the pipeline checked it while reading)."""
+        is already within the route's limit (the pipeline checked it while reading).
+        ``trace`` receives the key, fence and entity for the decision log."""
         try:
-            return await self._handle(request, policy, tenant, forward)
+            return await self._handle(request, policy, tenant, forward, trace)
         except Problem as problem:
             return problem_response(problem)
 
     async def _handle(
-        self, request: IncomingRequest, policy: RoutePolicy, tenant: str, forward: Forward
+        self,
+        request: IncomingRequest,
+        policy: RoutePolicy,
+        tenant: str,
+        forward: Forward,
+        trace: DecisionTrace | None,
     ) -> GatewayResponse:
         if not policy.guards(request.method):
             return await self._relay(forward, policy, "passthrough")
@@ -124,6 +137,8 @@ class Engine:
         key = h.parse_idempotency_key(request.header_values(h.IDEMPOTENCY_KEY))
         fence = h.parse_fence(request.header_values(h.EXECUTION_FENCE))
         entity_header = h.parse_entity(request.header_values(h.EXECUTION_ENTITY))
+        if trace is not None:
+            trace.key, trace.fence = key, fence
         if key is None and policy.key_required:
             raise Problem(
                 400,
@@ -139,6 +154,8 @@ class Engine:
                 f"{request.method} {policy.prefix} requires an X-Execution-Fence header",
             )
         entity = policy.entity.derive(request.route_path, request.body, entity_header)
+        if trace is not None:
+            trace.entity = entity
         if fence is not None and entity is None:
             raise entity_missing(policy.entity)
         if key is None and fence is None:
@@ -163,7 +180,7 @@ class Engine:
                 retry_unknown=policy.on_unknown == "retry",
                 request_id=request.request_id,
                 method=request.method,
-                target=request.target,
+                target=request.path,  # never the query: it may carry secrets
             )
         )
         outcome = decision.outcome
@@ -189,7 +206,7 @@ class Engine:
         if outcome is Outcome.TAKEN_OVER:
             logger.warning("took over in-flight key %r whose lease had expired", key)
         assert decision.attempt is not None
-        reservation = Reservation(tenant, key, owner, decision.attempt)
+        reservation = Reservation(tenant, key, owner, decision.attempt, request.request_id)
         return await self._execute(reservation, forward, policy)
 
     async def _decide(self, request: DecideRequest) -> Decision:
@@ -242,8 +259,12 @@ class Engine:
             raise
 
         if not policy.stores(answer.status):
+            status = answer.status
             await self._record(
-                "release", reservation, lambda: store.release(reservation, timeout=timeout), policy
+                "release",
+                reservation,
+                lambda: store.release(reservation, upstream_status=status, timeout=timeout),
+                policy,
             )
             return GatewayResponse(answer.status, answer.headers, answer.body, "released")
 

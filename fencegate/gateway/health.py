@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from fencegate.schema import SchemaMismatch, check_applied
 from fencegate.store.base import GatewayStore
+from fencegate.store.schema import SchemaMismatch, check_applied
 
 
 class StoreHealth:

@@ -1,10 +1,21 @@
 """Prometheus metrics of one gateway, in its own registry so that several gateways (or a
-gateway and its host application) in one process never clash."""
+gateway and its host application) in one process never clash.
+
+Under ``fencegate serve --workers N`` each worker process writes its values to the directory
+named by ``PROMETHEUS_MULTIPROC_DIR`` (prometheus_client's multiprocess mode, chosen when the
+library is imported), and ``/metrics`` sums every process's files, so whichever worker
+answers a scrape, the counters are the gateway's, and they never go down.
+"""
 
 from __future__ import annotations
 
+import os
+
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.multiprocess import MultiProcessCollector
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 _LATENCY_BUCKETS = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0
@@ -18,8 +29,9 @@ class GatewayMetrics:
         self.registry = registry or CollectorRegistry(auto_describe=True)
         self.requests = Counter(
             "fencegate_gateway_requests",
-            "Requests the gateway answered, by decision.",
-            ["decision"],
+            "Requests the gateway answered, by decision (a word) and problem type (empty "
+            "for answers that are not problems).",
+            ["decision", "problem"],
             registry=self.registry,
         )
         self.upstream_latency = Histogram(
@@ -36,13 +48,17 @@ class GatewayMetrics:
             registry=self.registry,
         )
         # Label children are cached: looking one up per request is most of the cost.
-        self._decisions: dict[str, Counter] = {}
+        self._decisions: dict[tuple[str, str], Counter] = {}
         self._operations: dict[str, Histogram] = {}
+        # Read once: the value class prometheus_client chose at import depends on it too.
+        self.multiprocess_dir = os.environ.get(MULTIPROC_ENV) or None
 
-    def count(self, decision: str) -> None:
-        child = self._decisions.get(decision)
+    def count(self, decision: str, problem: str = "") -> None:
+        child = self._decisions.get((decision, problem))
         if child is None:
-            child = self._decisions[decision] = self.requests.labels(decision=decision)
+            child = self._decisions[(decision, problem)] = self.requests.labels(
+                decision=decision, problem=problem
+            )
         child.inc()
 
     def store_latency(self, operation: str) -> Histogram:
@@ -52,4 +68,9 @@ class GatewayMetrics:
         return child
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        if self.multiprocess_dir is None:
+            return generate_latest(self.registry)
+        # Every worker's values, summed; a fresh registry per scrape, as the library asks.
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry, path=self.multiprocess_dir)
+        return generate_latest(registry)

@@ -14,10 +14,15 @@ import asyncio
 import logging
 from collections.abc import Iterable
 
-from fencegate.gateway.asgi import send_response
 from fencegate.gateway.engine import Engine, problem_response
 from fencegate.gateway.metrics import GatewayMetrics
-from fencegate.gateway.pipeline import Pipeline, route_request
+from fencegate.gateway.pipeline import (
+    Pipeline,
+    answer,
+    route_request,
+    start_trace,
+    unroutable_policy,
+)
 from fencegate.gateway.problems import Problem
 from fencegate.gateway.routes import RoutePolicy, RouteTable
 from fencegate.gateway.upstream import AppUpstream
@@ -72,8 +77,15 @@ class FenceGateMiddleware:
         try:
             target, policy = route_request(self._routes, scope)
         except Problem as problem:
-            self.metrics.count("invalid_target")
-            await send_response(send, problem_response(problem, "invalid_target"))
+            # Answered without the store: a target that cannot be routed is refused first.
+            await answer(
+                send,
+                problem_response(problem),
+                policy=unroutable_policy(self._routes, scope),
+                trace=start_trace(scope),
+                metrics=self.metrics,
+                owner=self._pipeline.owner if self._pipeline is not None else "",
+            )
             return
         if self._authenticator is None and not policy.guards(scope["method"]):
             await self.app(scope, receive, send)

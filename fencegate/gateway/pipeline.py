@@ -2,18 +2,29 @@
 the answer. The reverse proxy and the middleware are this same pipeline; they differ only in
 the `Upstream` it sends allowed requests to (an HTTP API, or the wrapped ASGI app).
 
-Every answer leaves through `_answer`, so each decision is counted exactly once.
+Every answer leaves through `answer`, so each decision is counted and logged exactly once,
+rendered in its route's error format, and carries the request id.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 
-from fencegate.gateway.asgi import ClientDisconnected, incoming_request, read_body, send_response
+from fencegate.gateway.asgi import (
+    ClientDisconnected,
+    incoming_request,
+    read_body,
+    request_id_of,
+    send_response,
+)
+from fencegate.gateway.decisions import DecisionTrace, log_decision
 from fencegate.gateway.engine import Engine, GatewayResponse, problem_response, store_unavailable
+from fencegate.gateway.metrics import GatewayMetrics
 from fencegate.gateway.problems import Problem
 from fencegate.gateway.routes import RoutePolicy, RouteTable
+from fencegate.gateway.stripe_errors import stripe_error
 from fencegate.gateway.target import Target, invalid_target, scope_target
 from fencegate.gateway.upstream import Upstream, UpstreamResponse
 from fencegate.types import (
@@ -38,6 +49,47 @@ def route_request(routes: RouteTable, scope: Scope) -> tuple[Target, RoutePolicy
     return target, policy
 
 
+def start_trace(scope: Scope) -> DecisionTrace:
+    """The log line's first facts, known before routing: even a refused target is logged
+    as it was sent."""
+    raw = scope.get("raw_path")
+    if not isinstance(raw, bytes | bytearray) or not raw:
+        raw = str(scope.get("path", "/")).encode("latin-1", "replace")
+    path = bytes(raw).split(b"?", 1)[0].decode("latin-1")
+    query = scope.get("query_string", b"")
+    target = f"{path}?{query.decode('latin-1')}" if query else path
+    return DecisionTrace(request_id=request_id_of(scope), method=scope["method"], target=target)
+
+
+def unroutable_policy(routes: RouteTable, scope: Scope) -> RoutePolicy:
+    """The route whose error format answers a target that could not be routed: the one its
+    server-decoded path would select, the closest guess at what the client talks to."""
+    return routes.match(str(scope.get("path", "/")))
+
+
+async def answer(
+    send: Send,
+    response: GatewayResponse,
+    *,
+    policy: RoutePolicy,
+    trace: DecisionTrace,
+    metrics: GatewayMetrics | None,
+    owner: str,
+) -> None:
+    """Count, log and send one gateway answer."""
+    problem = response.problem
+    if problem is not None and policy.error_format == "stripe":
+        status, headers, body = stripe_error(problem)
+        headers.append(("request-id", trace.request_id))  # where Stripe's clients read it
+        response = dataclasses.replace(response, status=status, headers=headers, body=body)
+    kind = problem.kind if problem is not None else ""
+    if metrics is not None:
+        metrics.count(response.decision, kind)
+    log_decision(trace, decision=response.decision, problem=kind, status=response.status,
+                 owner=owner)  # fmt: skip
+    await send_response(send, response, request_id=trace.request_id)
+
+
 class Pipeline:
     """The gateway as a pure ASGI app (HTTP scopes only)."""
 
@@ -56,57 +108,80 @@ class Pipeline:
         self.authenticator = authenticator
         self.nonces = nonces if nonces is not None else engine.store
         self.metrics = engine.metrics
+        self.owner = engine.owner
         self.stripped = (
             frozenset(authenticator.stripped_headers) if authenticator is not None else frozenset()
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        trace = start_trace(scope)
         try:
             target, policy = route_request(self.routes, scope)
         except Problem as problem:
-            await self._answer(send, problem_response(problem))
+            policy = unroutable_policy(self.routes, scope)
+            await self._answer(send, problem_response(problem), policy, trace)
             return
-        await self.handle(scope, receive, send, target, policy)
+        await self.handle(scope, receive, send, target, policy, trace)
 
     async def handle(
-        self, scope: Scope, receive: Receive, send: Send, target: Target, policy: RoutePolicy
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        target: Target,
+        policy: RoutePolicy,
+        trace: DecisionTrace | None = None,
     ) -> None:
         """The request once routed (the middleware routes first, to pass unguarded requests
         straight to its app)."""
+        if trace is None:
+            trace = start_trace(scope)
         try:
             body = await read_body(scope, receive, limit=policy.max_body_bytes)
         except ClientDisconnected:
             return
         except Problem as problem:
-            await self._answer(send, problem_response(problem))
+            await self._answer(send, problem_response(problem), policy, trace)
             return
-        request = incoming_request(scope, body, target)
+        request = incoming_request(scope, body, target, request_id=trace.request_id)
         tenant = DEFAULT_TENANT
         if self.authenticator is not None:
             try:
                 tenant = await self.authenticator.authenticate(request, self.nonces)
             except Problem as problem:
-                await self._answer(send, problem_response(problem))
+                await self._answer(send, problem_response(problem), policy, trace)
                 return
             except Exception as exc:
                 # The nonce could not be recorded (the store failed in whatever way).
                 logger.error("store unavailable while checking a signature nonce: %s", exc)
-                await self._answer(send, problem_response(store_unavailable()))
+                await self._answer(send, problem_response(store_unavailable()), policy, trace)
                 return
             if self.stripped:
                 request = dataclasses.replace(
                     request,
                     headers=tuple((k, v) for k, v in request.headers if k not in self.stripped),
                 )
+        trace.tenant = tenant
 
         upstream = self.upstream
+        step = trace  # narrowed to a DecisionTrace for the closure
 
         async def forward(timeout: float) -> UpstreamResponse:
-            return await upstream.send(request, policy, scope, receive, timeout=timeout)
+            started = time.perf_counter()
+            try:
+                response = await upstream.send(request, policy, scope, receive, timeout=timeout)
+            except BaseException:
+                step.upstream_called(started, None)
+                raise
+            step.upstream_called(started, response.status)
+            return response
 
-        await self._answer(send, await self.engine.handle(request, policy, tenant, forward))
+        response = await self.engine.handle(request, policy, tenant, forward, trace=trace)
+        await self._answer(send, response, policy, trace)
 
-    async def _answer(self, send: Send, response: GatewayResponse) -> None:
-        if self.metrics is not None:
-            self.metrics.count(response.decision)
-        await send_response(send, response)
+    async def _answer(
+        self, send: Send, response: GatewayResponse, policy: RoutePolicy, trace: DecisionTrace
+    ) -> None:
+        await answer(
+            send, response, policy=policy, trace=trace, metrics=self.metrics, owner=self.owner
+        )

@@ -153,6 +153,9 @@ class RoutePolicy:
     max_body_bytes: Annotated[int, Field(gt=0)] = 10 * 1024 * 1024
     max_stored_body_bytes: Annotated[int, Field(ge=0)] = 1024 * 1024
     key_ttl_seconds: Annotated[float, Field(gt=0)] = 24 * 3600.0
+    # How the gateway's own error answers look: RFC 9457 problem details, or Stripe's error
+    # object for clients written against Stripe's API (see `stripe_errors`).
+    error_format: Literal["problem", "stripe"] = "problem"
 
     def stores(self, status: int) -> bool:
         if self.stored_statuses is not None:
