@@ -1,0 +1,238 @@
+"""The decision order has one reference (the SQLite store's Python, `decide_in`) and one copy
+(the PostgreSQL function ``fencegate_step``). This differential test holds them together: random
+sequences of decisions, recorded answers, releases, unknown marks, renewals and moves of the
+database clock run against both stores side by side, and every answer must be the same.
+
+Moving the clock forward by N seconds is done by shifting every stored time back by N on both
+stores: the same effect, with no test hook in the stores.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import sqlite3
+from collections.abc import Coroutine, Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, TypeVar
+
+import asyncpg
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from fencegate.store import (
+    DecideRequest,
+    Decision,
+    GatewayStore,
+    Reservation,
+    StoredResponse,
+    open_gateway_store,
+)
+from fencegate.store.migrations import migrate
+from tests.support import postgres
+
+T = TypeVar("T")
+TIMEOUT = 30.0
+LEASE = 10.0
+TTL = 100.0
+
+_TABLES = ("fencegate_idempotency_keys", "fencegate_fences", "fencegate_decisions")
+_PG_SHIFT = [
+    "UPDATE fencegate_idempotency_keys SET locked_until = locked_until - $1::interval,"
+    " reserved_at = reserved_at - $1::interval, created_at = created_at - $1::interval,"
+    " completed_at = completed_at - $1::interval, expires_at = expires_at - $1::interval",
+    "UPDATE fencegate_fences SET updated_at = updated_at - $1::interval",
+]
+_SQLITE_SHIFT = [
+    "UPDATE fencegate_idempotency_keys SET locked_until = locked_until - ?,"
+    " reserved_at = reserved_at - ?, created_at = created_at - ?,"
+    " completed_at = completed_at - ?, expires_at = expires_at - ?",
+    "UPDATE fencegate_fences SET updated_at = updated_at - ?",
+]
+
+
+@pytest.fixture(scope="module")
+def databases(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    server = postgres.server_url()
+    pg_url = asyncio.run(postgres.create_database(server))
+    sqlite_url = f"sqlite:///{tmp_path_factory.mktemp('differential') / 'fencegate.db'}"
+    asyncio.run(migrate(pg_url))
+    asyncio.run(migrate(sqlite_url))
+    try:
+        yield pg_url, sqlite_url
+    finally:
+        asyncio.run(postgres.drop_database(server, pg_url))
+
+
+def comparable(decision: Decision) -> tuple[Any, ...]:
+    """Everything a decision says, but the seconds measured on each store's own clock."""
+    return (
+        decision.outcome,
+        decision.last_accepted,
+        decision.attempt,
+        decision.key_state,
+        decision.response,
+        decision.reserved_age is not None,
+        decision.unknown_since is not None,
+    )
+
+
+class TwoStores(RuleBasedStateMachine):
+    pg_url = ""
+    sqlite_url = ""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loop = asyncio.new_event_loop()
+        self.owners = itertools.count(1)
+        self.holders: list[Reservation] = []
+        self.stores: tuple[GatewayStore, GatewayStore] | None = None
+
+    def run(self, work: Coroutine[Any, Any, T]) -> T:
+        return self.loop.run_until_complete(work)
+
+    @initialize()
+    def open_empty_stores(self) -> None:
+        self.run(self._clear())
+        self.stores = (
+            self.run(open_gateway_store(self.sqlite_url, run_migrations=False)),
+            self.run(open_gateway_store(self.pg_url, run_migrations=False, pool_max_size=2)),
+        )
+
+    async def _clear(self) -> None:
+        conn = await asyncpg.connect(self.pg_url)
+        try:
+            await conn.execute(f"TRUNCATE {', '.join(_TABLES)}")
+        finally:
+            await conn.close()
+        path = Path(self.sqlite_url.removeprefix("sqlite:///"))
+        with sqlite3.connect(path) as db:
+            for table in _TABLES:
+                db.execute(f"DELETE FROM {table}")  # noqa: S608 -- fixed table names
+
+    def both(self, call: Any) -> tuple[Any, Any]:
+        assert self.stores is not None
+        lite, pg = self.stores
+        return self.run(call(lite)), self.run(call(pg))
+
+    @rule(
+        # Few values, so that random steps meet the same key and entity again and again.
+        tenant=st.sampled_from(["t1", "t1", "t1", "t2"]),
+        key=st.sampled_from(["k1", "k1", "k2", None]),
+        fingerprint=st.sampled_from(["f1", "f1", "f1", "f2"]),
+        entity=st.sampled_from(["e1", "e2"]),
+        fence=st.one_of(st.none(), st.integers(0, 6)),
+        retry_unknown=st.booleans(),
+    )
+    def decide(
+        self,
+        tenant: str,
+        key: str | None,
+        fingerprint: str,
+        entity: str,
+        fence: int | None,
+        retry_unknown: bool,
+    ) -> None:
+        if key is None and fence is None:
+            fence = 0  # the gateway only asks the store about a keyed or fenced request
+        owner = f"gw/{next(self.owners)}"
+        request = DecideRequest(
+            tenant=tenant,
+            key=key,
+            fingerprint=fingerprint,
+            entity=entity,
+            fence=fence,
+            owner=owner,
+            lease_seconds=LEASE,
+            ttl_seconds=TTL,
+            retry_unknown=retry_unknown,
+            request_id=owner,
+            method="POST",
+            target="/x",
+        )
+        lite, pg = self.both(lambda store: store.decide(request, timeout=TIMEOUT))
+        assert comparable(lite) == comparable(pg), (request, lite, pg)
+        if lite.outcome.forwards and key is not None:
+            self.holders.append(Reservation(tenant, key, owner, lite.attempt or 0, owner))
+
+    @precondition(lambda self: self.holders)
+    @rule(index=st.integers(0, 50), status=st.sampled_from([200, 201, 402]))
+    def complete(self, index: int, status: int) -> None:
+        holder = self.holders[index % len(self.holders)]
+        answer = StoredResponse(status, [("content-type", "application/json")], b"{}", "h")
+        lite, pg = self.both(lambda store: store.complete(holder, answer, timeout=TIMEOUT))
+        assert lite == pg, holder
+
+    @precondition(lambda self: self.holders)
+    @rule(index=st.integers(0, 50))
+    def release(self, index: int) -> None:
+        holder = self.holders[index % len(self.holders)]
+        lite, pg = self.both(lambda store: store.release(holder, timeout=TIMEOUT))
+        assert lite == pg, holder
+
+    @precondition(lambda self: self.holders)
+    @rule(index=st.integers(0, 50))
+    def mark_unknown(self, index: int) -> None:
+        holder = self.holders[index % len(self.holders)]
+        lite, pg = self.both(lambda store: store.mark_unknown(holder, timeout=TIMEOUT))
+        assert lite == pg, holder
+
+    @precondition(lambda self: self.holders)
+    @rule(index=st.integers(0, 50))
+    def renew(self, index: int) -> None:
+        holder = self.holders[index % len(self.holders)]
+        lite, pg = self.both(lambda store: store.renew(holder, LEASE, timeout=TIMEOUT))
+        assert lite == pg, holder
+
+    @rule(seconds=st.sampled_from([3.0, 11.0, 11.0, 60.0, 101.0]))
+    def advance_clock(self, seconds: float) -> None:
+        self.run(self._shift(seconds))
+
+    async def _shift(self, seconds: float) -> None:
+        conn = await asyncpg.connect(self.pg_url)
+        try:
+            for sql in _PG_SHIFT:
+                await conn.execute(sql, timedelta(seconds=seconds))
+        finally:
+            await conn.close()
+        path = Path(self.sqlite_url.removeprefix("sqlite:///"))
+        with sqlite3.connect(path) as db:
+            for sql in _SQLITE_SHIFT:
+                db.execute(sql, (seconds,) * sql.count("?"))
+
+    @invariant()
+    def same_keys(self) -> None:
+        if self.stores is None:
+            return
+        for tenant, key in itertools.product(["t1", "t2"], ["k1", "k2"]):
+            lite, pg = self.both(lambda store, t=tenant, k=key: store.get_key(t, k, timeout=30))
+            assert (lite is None) == (pg is None), (tenant, key, lite, pg)
+            if lite is not None and pg is not None:
+                assert (lite.state, lite.unknown, lite.owner, lite.attempt, lite.fence) == (
+                    pg.state,
+                    pg.unknown,
+                    pg.owner,
+                    pg.attempt,
+                    pg.fence,
+                ), (tenant, key)
+
+    def teardown(self) -> None:
+        if self.stores is not None:
+            for store in self.stores:
+                self.run(store.close())
+        self.loop.close()
+
+
+def test_sqlite_and_postgres_decide_alike(databases: tuple[str, str]) -> None:
+    TwoStores.pg_url, TwoStores.sqlite_url = databases
+    state_machine = TwoStores.TestCase
+    state_machine.settings = settings(
+        max_examples=60,
+        stateful_step_count=25,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+    state_machine().runTest()
