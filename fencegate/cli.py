@@ -19,6 +19,12 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "fencegate.commands.keys",
         "show an idempotency key, or resolve one whose outcome is unknown",
     ),
+    "fences": ("fencegate.commands.fences", "show an entity's fence and its fenced decisions"),
+    "jobs": ("fencegate.commands.jobs", "list, show, retry, cancel and purge lease-queue jobs"),
+    "trace": (
+        "fencegate.commands.trace",
+        "one timeline of an entity or key: decisions, lease grants, tokens, fenced-off requests",
+    ),
     "demo": ("fencegate.commands.demo", "run the whole lease/fence story on the embedded store"),
     "sign": (
         "fencegate.commands.sign",

@@ -1,5 +1,5 @@
-"""`fencegate keys show|resolve`: look at one idempotency key, and resolve one whose outcome
-is unknown.
+"""`fencegate keys list|show|resolve`: the idempotency keys, one key, and resolving one whose
+outcome is unknown.
 
 A key is unknown when the upstream may have acted but its answer was never recorded: the
 upstream timed out, or the gateway holding it stopped before recording. The gateway answers
@@ -11,24 +11,27 @@ every retry replays it) or releases the key (``--release``: the next request run
 from __future__ import annotations
 
 import argparse
-import getpass
-import hashlib
 import os
-import socket
-import sys
-from datetime import UTC, datetime
+import shlex
 from pathlib import Path
 
-import orjson
-
 from fencegate.cli import CommandError
+from fencegate.commands.actions import key_fields, resolve_key, stored_answer
 from fencegate.commands.migrate import add_database_url, run_on_store
+from fencegate.commands.output import (
+    add_actor,
+    add_common,
+    print_fields,
+    print_json,
+    print_table,
+)
 from fencegate.store import (
     KeyRecord,
     ResolveResult,
     StoredResponse,
     open_gateway_store,
 )
+from fencegate.store.inspect import KEY_STATES, Inspector, Page
 from fencegate.types import DEFAULT_TENANT
 
 
@@ -36,7 +39,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="action", metavar="ACTION")
     actions.required = True
 
-    show = actions.add_parser("show", help="one key: state, holder, attempt, times")
+    listing = actions.add_parser("list", help="keys by state, a page at a time")
+    add_common(listing, tenant_default=None)
+    listing.add_argument(
+        "--state", choices=KEY_STATES, help="unknown = marked so, or in flight, lease expired"
+    )
+    listing.add_argument("--cursor", help="the cursor a previous page printed")
+    listing.add_argument("--limit", type=int, default=50, help="keys per page (default 50)")
+
+    show = actions.add_parser("show", help="one key: state, holder, attempt, times, history")
     _common(show)
     show.add_argument("--json", action="store_true", help="one JSON object instead of a table")
 
@@ -58,11 +69,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     resolve.add_argument(
         "--content-type", default="application/json", help="the answer's Content-Type"
     )
-    resolve.add_argument(
-        "--by",
-        default=f"{getpass.getuser()}@{socket.gethostname()}",
-        help="who resolves it, kept as the key's owner (default user@host)",
-    )
+    add_actor(resolve)
+
+
+_LIST_COLUMNS = ("tenant", "key", "state", "unknown", "attempt", "owner", "entity", "fence",
+                 "created_at", "response_status")  # fmt: skip
+_HISTORY_COLUMNS = ("at", "what", "attempt", "token", "owner", "request_id", "status")
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -85,48 +97,40 @@ async def _show(args: argparse.Namespace) -> KeyRecord | None:
 
 
 async def _resolve(args: argparse.Namespace, answer: StoredResponse | None) -> ResolveResult:
+    """Resolve the key, and record who did it, why, and the key before and after."""
     store = await open_gateway_store(args.database_url, run_migrations=False, pool_max_size=1)
+    inspector = await Inspector.open(args.database_url, timeout=args.timeout)
     try:
-        return await store.resolve_key(
-            args.tenant,
-            args.key,
-            answer,
-            resolved_by=f"operator:{args.by}",
-            timeout=args.timeout,
-        )
+        return await resolve_key(
+            store, inspector, tenant=args.tenant, key=args.key, answer=answer,
+            actor=f"operator:{args.by}", reason=args.reason, timeout=args.timeout,
+        )  # fmt: skip
     finally:
+        await inspector.close()
         await store.close()
 
 
-def _when(epoch: float | None) -> str | None:
-    if epoch is None:
-        return None
-    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="milliseconds")
+async def _list(args: argparse.Namespace) -> Page:
+    inspector = await Inspector.open(args.database_url, timeout=args.timeout)
+    try:
+        return await inspector.keys(
+            tenant=args.tenant,
+            state=args.state,
+            cursor=args.cursor,
+            limit=args.limit,
+            timeout=args.timeout,
+        )
+    finally:
+        await inspector.close()
 
 
-def _as_dict(record: KeyRecord) -> dict[str, object]:
-    lease_left = (
-        round(record.locked_until - record.now, 3)
-        if record.state == "in_flight" and record.locked_until is not None
-        else None
-    )
-    return {
-        "tenant": record.tenant,
-        "key": record.key,
-        "state": record.state,
-        "outcome_unknown": record.unknown,
-        "owner": record.owner,
-        "attempt": record.attempt,
-        "entity": record.entity,
-        "fence": record.fence,
-        "fingerprint": record.fingerprint,
-        "lease_seconds_left": lease_left,
-        "reserved_at": _when(record.reserved_at),
-        "created_at": _when(record.created_at),
-        "completed_at": _when(record.completed_at),
-        "expires_at": _when(record.expires_at),
-        "response_status": record.response_status,
-    }
+async def _history(args: argparse.Namespace) -> list[dict[str, object]]:
+    inspector = await Inspector.open(args.database_url, timeout=args.timeout)
+    try:
+        trace = await inspector.trace(args.key, tenant=args.tenant, timeout=args.timeout)
+        return [e for e in trace.events if e["source"] == "gateway" and e["key"] == args.key]
+    finally:
+        await inspector.close()
 
 
 def _read_body(spec: str) -> bytes:
@@ -139,30 +143,36 @@ def _read_body(spec: str) -> bytes:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.action == "list":
+        if args.limit < 1:
+            raise CommandError("--limit must be at least 1")
+        page = run_on_store(_list(args))
+        if args.json:
+            print_json({"keys": page.rows, "cursor": page.cursor})
+        else:
+            print_table(page.rows, _LIST_COLUMNS)
+            if page.cursor:
+                print(f"more: --cursor {shlex.quote(page.cursor)}")
+        return 0
     if args.action == "show":
         record = run_on_store(_show(args))
         if record is None:
             raise CommandError(f"no key {args.key!r} for tenant {args.tenant!r}")
-        fields = _as_dict(record)
+        fields = key_fields(record)
+        history = run_on_store(_history(args))
         if args.json:
-            sys.stdout.write(orjson.dumps(fields).decode() + "\n")
+            print_json({**fields, "history": history})
         else:
-            width = max(len(name) for name in fields)
-            for name, value in fields.items():
-                print(f"{name:<{width}}  {'-' if value is None else value}")
+            print_fields(fields)
+            print()
+            print_table(history, _HISTORY_COLUMNS)
         return 0
 
     answer: StoredResponse | None = None
     if args.completed:
         if args.status is None or not 100 <= args.status <= 599:
             raise CommandError("--completed needs --status N, an HTTP status from 100 to 599")
-        body = _read_body(args.body)
-        answer = StoredResponse(
-            status=args.status,
-            headers=[("content-type", args.content_type)],
-            body=body,
-            sha256=hashlib.sha256(body).hexdigest(),
-        )
+        answer = stored_answer(args.status, _read_body(args.body), args.content_type)
     elif args.status is not None or args.body:
         raise CommandError("--status and --body go with --completed, not --release")
     result = run_on_store(_resolve(args, answer))

@@ -1,0 +1,89 @@
+"""How the operator commands print: one JSON document with ``--json``, else aligned text
+tables with times in UTC, for a person at a terminal."""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import os
+import socket
+import sys
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+
+from fencegate.commands.migrate import add_database_url
+
+# Columns whose values are epoch seconds.
+_TIMES = frozenset(
+    {"at", "created_at", "updated_at", "completed_at", "expires_at", "locked_until",
+     "claimed_at", "ended_at", "committed_at", "run_after", "lease_until", "heartbeat_at",
+     "now"}
+)  # fmt: skip
+
+
+def add_common(parser: argparse.ArgumentParser, *, tenant_default: str | None) -> None:
+    """``--database-url``, ``--tenant``, ``--json`` and ``--timeout``, as every operator
+    command takes them."""
+    add_database_url(parser)
+    default = os.environ.get("FENCEGATE_TENANT", tenant_default)
+    scope = f"default {default!r}" if default else "default: every tenant"
+    parser.add_argument(
+        "--tenant", default=default, help=f"the tenant ({scope}; env FENCEGATE_TENANT)"
+    )
+    parser.add_argument("--json", action="store_true", help="one JSON document, not a table")
+    parser.add_argument("--timeout", type=float, default=10.0, help="seconds for the store")
+
+
+def add_actor(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--by",
+        default=f"{getpass.getuser()}@{socket.gethostname()}",
+        help="who does it, for the audit record (default user@host)",
+    )
+    parser.add_argument("--reason", help="why, for the audit record")
+
+
+def when(value: Any) -> Any:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return datetime.fromtimestamp(value, UTC).isoformat(timespec="milliseconds")
+    return value
+
+
+def readable(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: when(v) if k in _TIMES else v for k, v in row.items()}
+
+
+def print_json(document: Any) -> None:
+    sys.stdout.write(orjson.dumps(document, default=str).decode() + "\n")
+
+
+def print_table(rows: Iterable[dict[str, Any]], columns: Sequence[str]) -> None:
+    cells = [[_cell(readable(row).get(c)) for c in columns] for row in rows]
+    widths = [max([len(c), *(len(r[i]) for r in cells)]) for i, c in enumerate(columns)]
+    print("  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip())
+    for row in cells:
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
+    if not cells:
+        print("(none)")
+
+
+def print_fields(row: dict[str, Any]) -> None:
+    shown = readable(row)
+    width = max((len(k) for k in shown), default=0)
+    for name, value in shown.items():
+        if isinstance(value, list):
+            continue
+        print(f"{name:<{width}}  {_cell(value)}")
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    if isinstance(value, dict):
+        return orjson.dumps(value).decode()
+    return str(value)

@@ -1,0 +1,413 @@
+"""What operators read and do, on either store: the command line (`fencegate keys|fences|jobs|
+trace`) and the web console both go through `Inspector`.
+
+Reads: keys by state, one entity's fence, jobs with paging, a job's attempts and stages, the
+overview (queue depth, running leases, reclaimed leases, unknown outcomes, the 412 rate), and
+the trace of an entity or a key: gateway decisions joined with the job attempts whose fencing
+tokens they carried — who sent which request, with which token, and which one was fenced off.
+
+Actions (retry, cancel, purge jobs; resolve a key) are written to ``fencegate_audit`` with who
+did it, why, and the state before and after. Nothing here returns payloads, results or
+stored answers: ids, tokens, owners, times, states and outcomes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+import orjson
+
+from fencegate.errors import StoreUnavailable
+from fencegate.store.dburl import DatabaseURL, parse_database_url
+from fencegate.store.pg import PgDatabase
+from fencegate.store.queries import Queries
+from fencegate.store.sqlite_db import SQLiteDatabase, write_transaction
+
+Row = dict[str, Any]
+
+_NAMES = (
+    "clock",
+    "keys",
+    "decisions_for",
+    "fence",
+    "jobs",
+    "job",
+    "attempts",
+    "attempts_by_token",
+    "stages",
+    "queue_depth",
+    "running_leases",
+    "reclaimed",
+    "unknown_keys",
+    "recent_decisions",
+    "job_retry",
+    "jobs_purge",
+    "audit",
+    "audit_log",
+)
+
+KEY_STATES = ("in_flight", "completed", "outcome_unknown", "unknown")
+JOB_STATES = ("queued", "running", "succeeded", "failed", "cancelled")
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    rows: list[Row]
+    cursor: str | None  # pass back for the next page; None on the last one
+
+
+@dataclass(frozen=True, slots=True)
+class Trace:
+    subject: str
+    fence: Row | None
+    events: list[Row] = field(default_factory=list)
+
+
+class Inspector:
+    def __init__(self, target: DatabaseURL, db: PgDatabase | SQLiteDatabase) -> None:
+        self.target = target
+        self._db = db
+        self._q = Queries(target.kind, *_NAMES)
+
+    @classmethod
+    async def open(cls, url: str | None, *, timeout: float = 10.0) -> Inspector:
+        target = parse_database_url(url)
+        if target.kind == "postgresql":
+            db: PgDatabase | SQLiteDatabase = await PgDatabase.connect(
+                target, application_name="fencegate-operator", min_size=1, max_size=4,
+                timeout=timeout,
+            )  # fmt: skip
+        else:
+            assert target.sqlite_path is not None
+            db = SQLiteDatabase(target.sqlite_path)
+        return cls(target, db)
+
+    async def close(self) -> None:
+        await self._db.close()
+
+    # -- running statements -------------------------------------------------------------
+
+    async def _rows(self, name: str, *args: Any, timeout: float) -> list[Row]:
+        sql = getattr(self._q, name)
+        if isinstance(self._db, PgDatabase):
+
+            async def fetch(conn: asyncpg.Connection) -> list[Row]:
+                return [dict(r.items()) for r in await conn.fetch(sql, *args)]
+
+            return await self._db.run(fetch, timeout=timeout)
+
+        def read(conn: sqlite3.Connection) -> list[Row]:
+            return [dict(zip(r.keys(), tuple(r), strict=True)) for r in conn.execute(sql, args)]
+
+        return await self._sqlite(read, timeout=timeout)
+
+    async def _value(self, name: str, *args: Any, timeout: float) -> Any:
+        rows = await self._rows(name, *args, timeout=timeout)
+        return next(iter(rows[0].values())) if rows else None
+
+    async def _sqlite(self, fn: Any, *, timeout: float) -> Any:
+        assert isinstance(self._db, SQLiteDatabase)
+        try:
+            return await self._db.run(fn, timeout=timeout)
+        except TimeoutError as exc:
+            raise StoreUnavailable(f"no answer within {timeout}s") from exc
+        except Exception as exc:
+            raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from exc
+
+    async def _write(self, steps: Sequence[tuple[str, tuple[Any, ...]]], *, timeout: float) -> int:
+        """Run statements in one transaction; the number of rows the first one returned."""
+        sqls = [(getattr(self._q, name), args) for name, args in steps]
+        if isinstance(self._db, PgDatabase):
+
+            async def write(conn: asyncpg.Connection) -> int:
+                async with conn.transaction():
+                    first = await conn.fetch(sqls[0][0], *sqls[0][1])
+                    if first:
+                        for sql, args in sqls[1:]:
+                            await conn.execute(sql, *args)
+                    return len(first)
+
+            return int(await self._db.run(write, timeout=timeout))
+
+        def write_lite(conn: sqlite3.Connection) -> int:
+            with write_transaction(conn):
+                first = conn.execute(sqls[0][0], sqls[0][1]).fetchall()
+                if first:
+                    for sql, args in sqls[1:]:
+                        conn.execute(sql, args)
+                return len(first)
+
+        return int(await self._sqlite(write_lite, timeout=timeout))
+
+    def _json(self, value: Any) -> Any:
+        return orjson.dumps(value).decode() if value is not None else None
+
+    # -- reads ----------------------------------------------------------------------------
+
+    async def now(self, *, timeout: float = 10.0) -> float:
+        return float(await self._value("clock", timeout=timeout))
+
+    async def keys(
+        self,
+        *,
+        tenant: str | None = None,
+        state: str | None = None,
+        cursor: str | None = None,
+        limit: int = 50,
+        timeout: float = 10.0,
+    ) -> Page:
+        if state is not None and state not in KEY_STATES:
+            raise ValueError(f"state must be one of {', '.join(KEY_STATES)}")
+        after_tenant, _, after_key = (cursor or "").partition("\x1f")
+        rows = await self._rows(
+            "keys",
+            tenant,
+            state,
+            after_key if cursor else None,
+            after_tenant if cursor else None,
+            limit + 1,
+            timeout=timeout,
+        )
+        for row in rows:
+            row["unknown"] = bool(row["unknown"])
+        more = len(rows) > limit
+        rows = rows[:limit]
+        next_cursor = f"{rows[-1]['tenant']}\x1f{rows[-1]['key']}" if more else None
+        return Page(rows, next_cursor)
+
+    async def fence(self, entity: str, *, tenant: str | None, timeout: float = 10.0) -> Trace:
+        """An entity's fence and its history of fenced decisions."""
+        rows = await self._rows("fence", tenant, entity, timeout=timeout)
+        history = await self._rows("decisions_for", tenant, entity, 1000, timeout=timeout)
+        events = [self._decision_event(d) for d in history if d["entity"] == entity]
+        return Trace(entity, rows[0] if rows else None, events)
+
+    async def jobs(
+        self,
+        *,
+        state: str | None = None,
+        kind: str | None = None,
+        cursor: str | None = None,
+        limit: int = 50,
+        timeout: float = 10.0,
+    ) -> Page:
+        if state is not None and state not in JOB_STATES:
+            raise ValueError(f"state must be one of {', '.join(JOB_STATES)}")
+        before = _job_cursor(cursor)
+        rows = await self._rows("jobs", state, kind, before, limit + 1, timeout=timeout)
+        for row in rows:
+            row["has_error"] = bool(row["has_error"])
+        more = len(rows) > limit
+        rows = rows[:limit]
+        return Page(rows, str(rows[-1]["id"]) if more else None)
+
+    async def job(self, job_id: int, *, timeout: float = 10.0) -> Row | None:
+        """One job with its attempts and stages; errors as a code and a hash, never text."""
+        rows = await self._rows("job", job_id, timeout=timeout)
+        if not rows:
+            return None
+        job = rows[0]
+        job["error"] = _error_summary(job.get("error"))
+        attempts = await self._rows("attempts", job_id, timeout=timeout)
+        for attempt in attempts:
+            attempt["error"] = _error_summary(attempt.get("error"))
+        job["attempts"] = attempts
+        job["stages"] = await self._rows("stages", job_id, timeout=timeout)
+        return job
+
+    async def overview(self, *, tenant: str | None = None, timeout: float = 10.0) -> Row:
+        recent = await self._rows("recent_decisions", tenant, 3600.0, timeout=timeout)
+        counts = {r["decision"]: int(r["decisions"]) for r in recent}
+        total = sum(counts.values())
+        jobs_visible = tenant is None  # jobs carry no tenant: a tenant's view shows none
+        return {
+            "now": await self.now(timeout=timeout),
+            "queue_depth": await self._rows("queue_depth", timeout=timeout) if jobs_visible else [],
+            "running_leases": await self._rows("running_leases", 50, timeout=timeout)
+            if jobs_visible
+            else [],
+            "reclaimed_leases": int(await self._value("reclaimed", timeout=timeout) or 0)
+            if jobs_visible
+            else 0,
+            "unknown_keys": int(await self._value("unknown_keys", tenant, timeout=timeout) or 0),
+            "decisions_last_hour": counts,
+            "stale_fence_rate": (counts.get("stale", 0) / total) if total else 0.0,
+        }
+
+    async def trace(
+        self, subject: str, *, tenant: str | None, limit: int = 1000, timeout: float = 10.0
+    ) -> Trace:
+        """One timeline for an entity or a key: the gateway's decisions, the lease grants
+        whose tokens they carried (and, for ``job:<id>``, that job's own attempts and
+        stages), and how each grant ended."""
+        decisions = await self._rows("decisions_for", tenant, subject, limit, timeout=timeout)
+        events = [self._decision_event(d) for d in decisions]
+        tokens = sorted({int(d["fence"]) for d in decisions if d["fence"] is not None})
+        attempts: dict[int, Row] = {}
+        if tokens:
+            arg: Any = tokens if self.target.kind == "postgresql" else orjson.dumps(tokens).decode()
+            for row in await self._rows("attempts_by_token", arg, timeout=timeout):
+                attempts[int(row["fencing_token"])] = row
+        job_id = _job_of(subject)
+        if job_id is not None and tenant is None:
+            for row in await self._rows("attempts", job_id, timeout=timeout):
+                attempts[int(row["fencing_token"])] = row
+            for stage in await self._rows("stages", job_id, timeout=timeout):
+                events.append(
+                    {"at": stage["committed_at"], "source": "stage", "what": "stage_committed",
+                     "job_id": job_id, "token": stage["fencing_token"], "stage": stage["name"]}
+                )  # fmt: skip
+        for event in events:
+            # The worker behind each request: the holder of the lease its token came from.
+            grant = attempts.get(event["token"]) if event.get("token") is not None else None
+            if event["source"] == "gateway":
+                event["worker"] = grant["owner_id"] if grant is not None else None
+        for attempt in attempts.values():
+            events.extend(_attempt_events(attempt))
+        events.sort(key=lambda e: (e["at"] or 0.0, e["source"] != "lease"))
+        fence = await self._rows("fence", tenant, subject, timeout=timeout)
+        return Trace(subject, fence[0] if fence else None, events)
+
+    def _decision_event(self, d: Row) -> Row:
+        return {
+            "at": d["at"],
+            "source": "gateway",
+            "what": d["decision"],
+            "token": d["fence"],
+            "tenant": d["tenant"],
+            "entity": d["entity"],
+            "key": d["key"],
+            "attempt": d["attempt"],
+            "owner": d["owner"],
+            "request_id": d["request_id"],
+            "method": d["method"],
+            "target": d["target"],
+            "status": d["upstream_status"],
+        }
+
+    async def audit_log(
+        self, *, tenant: str | None = None, limit: int = 100, timeout: float = 10.0
+    ) -> list[Row]:
+        return await self._rows("audit_log", tenant, limit, timeout=timeout)
+
+    # -- actions (each recorded in fencegate_audit) ------------------------------------------
+
+    async def audit(
+        self,
+        *,
+        actor: str,
+        action: str,
+        subject: str,
+        tenant: str | None = None,
+        reason: str | None = None,
+        before: Any = None,
+        after: Any = None,
+        timeout: float = 10.0,
+    ) -> None:
+        args = (actor, action, tenant, subject, reason, self._json(before), self._json(after))
+        await self._execute("audit", *args, timeout=timeout)
+
+    async def retry_job(
+        self, job_id: int, *, actor: str, reason: str | None = None, timeout: float = 10.0
+    ) -> Row | None:
+        """A failed or cancelled job gets one more attempt; None if it is not one."""
+        before = await self._rows("job", job_id, timeout=timeout)
+        if not before:
+            return None
+        summary = _job_summary(before[0])
+        after = {**summary, "state": "queued"}
+        args = (actor, "jobs.retry", None, str(job_id), reason, self._json(summary),
+                self._json(after))  # fmt: skip
+        done = await self._write([("job_retry", (job_id,)), ("audit", args)], timeout=timeout)
+        return after if done else None
+
+    async def purge_jobs(
+        self,
+        *,
+        older_than_seconds: float,
+        actor: str,
+        batch_size: int = 1000,
+        timeout: float = 60.0,
+    ) -> int:
+        """Delete finished jobs (with their attempts and stages) not updated for that long."""
+        total = 0
+        while True:
+            deleted = await self._execute(
+                "jobs_purge", float(older_than_seconds), batch_size, timeout=timeout
+            )
+            total += deleted
+            if deleted < batch_size:
+                break
+        await self.audit(
+            actor=actor,
+            action="jobs.purge",
+            subject=f"older_than={older_than_seconds:g}s",
+            after={"deleted": total},
+            timeout=timeout,
+        )
+        return total
+
+    async def _execute(self, name: str, *args: Any, timeout: float) -> int:
+        """One statement in its own transaction; the number of rows it touched."""
+        sql = getattr(self._q, name)
+        if isinstance(self._db, PgDatabase):
+            status = await self._db.run(lambda conn: conn.execute(sql, *args), timeout=timeout)
+            return int(str(status).rsplit(" ", 1)[-1])
+
+        def run(conn: sqlite3.Connection) -> int:
+            with write_transaction(conn):
+                return conn.execute(sql, args).rowcount
+
+        return int(await self._sqlite(run, timeout=timeout))
+
+
+def _job_cursor(cursor: str | None) -> int | None:
+    if cursor is None:
+        return None
+    try:
+        return int(cursor)
+    except ValueError:
+        raise ValueError(f"cursor {cursor!r} is not a job id") from None
+
+
+def _job_of(subject: str) -> int | None:
+    """``job:<id>`` is the entity the fenced clients send by default."""
+    prefix, _, rest = subject.partition(":")
+    return int(rest) if prefix == "job" and rest.isdigit() else None
+
+
+def _job_summary(job: Row) -> Row:
+    return {k: job[k] for k in ("id", "kind", "state", "attempt", "max_attempts", "fencing_token")}
+
+
+def _error_summary(error: Any) -> Row | None:
+    """A stored error as its code and a hash: its text may quote the payload."""
+    if error is None:
+        return None
+    value = orjson.loads(error) if isinstance(error, str | bytes) else error
+    code = value.get("code") or value.get("type") if isinstance(value, dict) else None
+    digest = hashlib.sha256(orjson.dumps(value, option=orjson.OPT_SORT_KEYS)).hexdigest()
+    return {"code": code, "sha256": digest[:16]}
+
+
+def _attempt_events(attempt: Row) -> list[Row]:
+    common = {
+        "source": "lease",
+        "job_id": attempt["job_id"],
+        "attempt": attempt["attempt"],
+        "token": attempt["fencing_token"],
+        "owner": attempt["owner_id"],
+        "kind": attempt.get("kind"),
+    }
+    events = [{"at": attempt["claimed_at"], "what": "job_claimed", **common}]
+    if attempt["ended_at"] is not None:
+        outcome = attempt["outcome"]
+        # A lease that ran out is the heartbeat lost: its holder was cut off or died.
+        what = "heartbeat_lost" if outcome == "lease_expired" else f"attempt_{outcome}"
+        events.append({"at": attempt["ended_at"], "what": what, **common})
+    return events

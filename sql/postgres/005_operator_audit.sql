@@ -1,0 +1,14 @@
+-- What operators did: every action from the command line or the console (resolve a key,
+-- retry, cancel or purge jobs), who did it, why, and the state before and after.
+CREATE TABLE fencegate_audit (
+    id       bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    at       timestamptz NOT NULL DEFAULT now(),
+    actor    text        NOT NULL,  -- operator:user@host, or console:<token name>
+    action   text        NOT NULL,  -- keys.resolve_completed | keys.resolve_released |
+                                    -- jobs.retry | jobs.cancel | jobs.purge
+    tenant   text,
+    subject  text        NOT NULL,  -- the key, the job id, or the purge's cut-off
+    reason   text,
+    before   jsonb,
+    after    jsonb
+);

@@ -1,0 +1,138 @@
+-- What operators read and do (fencegate/store/inspect.py): the command line and the console
+-- run these. Times are epoch seconds; the same positional parameters as on SQLite.
+
+-- name: clock
+SELECT extract(epoch FROM now())::float8 AS now;
+
+-- name: keys
+-- Keys of one tenant (or all: $1 NULL), by state ('unknown' = marked so, or in flight with an
+-- expired lease), newest key name first after the cursor.
+SELECT tenant, key, state::text AS state, owner, attempt, entity, fence,
+    extract(epoch FROM locked_until)::float8 AS locked_until,
+    extract(epoch FROM created_at)::float8 AS created_at,
+    extract(epoch FROM completed_at)::float8 AS completed_at,
+    extract(epoch FROM expires_at)::float8 AS expires_at,
+    response_status,
+    (state = 'outcome_unknown' OR (state = 'in_flight' AND locked_until <= now())) AS unknown
+FROM fencegate_idempotency_keys
+WHERE ($1::text IS NULL OR tenant = $1)
+    AND ($2::text IS NULL
+         OR ($2 = 'unknown' AND (state = 'outcome_unknown'
+                                 OR (state = 'in_flight' AND locked_until <= now())))
+         OR state::text = $2)
+    AND ($3::text IS NULL OR (tenant, key) > ($4::text, $3::text))
+ORDER BY tenant, key
+LIMIT $5;
+
+-- name: decisions_for
+-- One tenant's decisions about an entity or a key (the subject), oldest first.
+SELECT id, extract(epoch FROM at)::float8 AS at, tenant, entity, key, fence, decision, attempt,
+    owner, request_id, method, target, upstream_status
+FROM fencegate_decisions
+WHERE ($1::text IS NULL OR tenant = $1) AND (entity = $2 OR key = $2)
+ORDER BY id
+LIMIT $3;
+
+-- name: fence
+SELECT tenant, entity, last_accepted, extract(epoch FROM updated_at)::float8 AS updated_at
+FROM fencegate_fences WHERE ($1::text IS NULL OR tenant = $1) AND entity = $2;
+
+-- name: jobs
+-- Jobs newest first, before the cursor (an id), by state and kind.
+SELECT id, kind, state, owner_id, fencing_token, attempt, max_attempts, idempotency_key,
+    extract(epoch FROM lease_until)::float8 AS lease_until,
+    extract(epoch FROM heartbeat_at)::float8 AS heartbeat_at,
+    extract(epoch FROM run_after)::float8 AS run_after,
+    extract(epoch FROM created_at)::float8 AS created_at,
+    extract(epoch FROM updated_at)::float8 AS updated_at,
+    error IS NOT NULL AS has_error
+FROM fencegate_jobs
+WHERE ($1::text IS NULL OR state = $1) AND ($2::text IS NULL OR kind = $2)
+    AND ($3::bigint IS NULL OR id < $3)
+ORDER BY id DESC
+LIMIT $4;
+
+-- name: job
+SELECT id, kind, state, owner_id, fencing_token, attempt, max_attempts, idempotency_key,
+    extract(epoch FROM lease_until)::float8 AS lease_until,
+    extract(epoch FROM heartbeat_at)::float8 AS heartbeat_at,
+    extract(epoch FROM run_after)::float8 AS run_after,
+    extract(epoch FROM created_at)::float8 AS created_at,
+    extract(epoch FROM updated_at)::float8 AS updated_at,
+    error::text AS error, lease_seconds, heartbeat_seconds
+FROM fencegate_jobs WHERE id = $1;
+
+-- name: attempts
+SELECT job_id, attempt, fencing_token, owner_id,
+    extract(epoch FROM claimed_at)::float8 AS claimed_at,
+    extract(epoch FROM ended_at)::float8 AS ended_at, outcome, error::text AS error
+FROM fencegate_job_attempts WHERE job_id = $1 ORDER BY fencing_token;
+
+-- name: attempts_by_token
+-- The lease grants behind the fences a gateway saw: tokens come from one sequence, so a
+-- token names one attempt of one job.
+SELECT a.job_id, a.attempt, a.fencing_token, a.owner_id, j.kind,
+    extract(epoch FROM a.claimed_at)::float8 AS claimed_at,
+    extract(epoch FROM a.ended_at)::float8 AS ended_at, a.outcome
+FROM fencegate_job_attempts a JOIN fencegate_jobs j ON j.id = a.job_id
+WHERE a.fencing_token = ANY($1::bigint[])
+ORDER BY a.fencing_token;
+
+-- name: stages
+SELECT job_id, name, idempotency_key, fencing_token,
+    extract(epoch FROM committed_at)::float8 AS committed_at
+FROM fencegate_job_stages WHERE job_id = $1 ORDER BY committed_at;
+
+-- name: queue_depth
+SELECT kind, state, count(*)::bigint AS jobs FROM fencegate_jobs GROUP BY kind, state
+ORDER BY kind, state;
+
+-- name: running_leases
+SELECT id, kind, owner_id, fencing_token, attempt,
+    extract(epoch FROM lease_until - now())::float8 AS lease_left,
+    extract(epoch FROM now() - heartbeat_at)::float8 AS heartbeat_age
+FROM fencegate_jobs WHERE state = 'running' ORDER BY lease_until LIMIT $1;
+
+-- name: reclaimed
+-- Leases that ran out (their holder crashed or was cut off) and were granted again.
+SELECT count(*)::bigint FROM fencegate_job_attempts WHERE outcome = 'lease_expired';
+
+-- name: unknown_keys
+SELECT count(*)::bigint FROM fencegate_idempotency_keys
+WHERE ($1::text IS NULL OR tenant = $1)
+    AND (state = 'outcome_unknown' OR (state = 'in_flight' AND locked_until <= now()));
+
+-- name: recent_decisions
+-- Decisions of the last $2 seconds, by decision: the 412 rate is stale over all.
+SELECT decision, count(*)::bigint AS decisions FROM fencegate_decisions
+WHERE ($1::text IS NULL OR tenant = $1) AND at > now() - make_interval(secs => $2)
+GROUP BY decision ORDER BY decision;
+
+-- name: table_exists
+SELECT to_regclass($1) IS NOT NULL;
+
+-- name: job_retry
+-- A failed or cancelled job gets one more attempt: queued now, its history kept.
+UPDATE fencegate_jobs
+SET state = 'queued', run_after = now(), owner_id = NULL, lease_until = NULL,
+    max_attempts = greatest(max_attempts, attempt + 1), error = NULL, updated_at = now()
+WHERE id = $1 AND state IN ('failed', 'cancelled')
+RETURNING id;
+
+-- name: jobs_purge
+-- Finished jobs older than the cut-off, with their attempts and stages (ON DELETE CASCADE).
+DELETE FROM fencegate_jobs WHERE id = ANY(ARRAY(
+    SELECT id FROM fencegate_jobs
+    WHERE state IN ('succeeded', 'failed', 'cancelled')
+        AND updated_at <= now() - make_interval(secs => $1)
+    ORDER BY id LIMIT $2));
+
+-- name: audit
+INSERT INTO fencegate_audit (actor, action, tenant, subject, reason, before, after)
+VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7::jsonb);
+
+-- name: audit_log
+SELECT id, extract(epoch FROM at)::float8 AS at, actor, action, tenant, subject, reason,
+    before::text AS before, after::text AS after
+FROM fencegate_audit WHERE ($1::text IS NULL OR tenant = $1 OR tenant IS NULL)
+ORDER BY id DESC LIMIT $2;

@@ -1,0 +1,115 @@
+-- What operators read and do (fencegate/store/inspect.py), on SQLite: the same queries and
+-- the same positional parameters (?1, ?2, …) as on PostgreSQL.
+
+-- name: clock
+SELECT (julianday('now') - 2440587.5) * 86400.0 AS now;
+
+-- name: keys
+SELECT tenant, key, state, owner, attempt, entity, fence, locked_until, created_at,
+    completed_at, expires_at, response_status,
+    (state = 'outcome_unknown'
+     OR (state = 'in_flight'
+         AND locked_until <= (julianday('now') - 2440587.5) * 86400.0)) AS unknown
+FROM fencegate_idempotency_keys
+WHERE (?1 IS NULL OR tenant = ?1)
+    AND (?2 IS NULL
+         OR (?2 = 'unknown' AND (state = 'outcome_unknown'
+             OR (state = 'in_flight'
+                 AND locked_until <= (julianday('now') - 2440587.5) * 86400.0)))
+         OR state = ?2)
+    AND (?3 IS NULL OR (tenant, key) > (?4, ?3))
+ORDER BY tenant, key
+LIMIT ?5;
+
+-- name: decisions_for
+SELECT id, at, tenant, entity, key, fence, decision, attempt, owner, request_id, method,
+    target, upstream_status
+FROM fencegate_decisions
+WHERE (?1 IS NULL OR tenant = ?1) AND (entity = ?2 OR key = ?2)
+ORDER BY id
+LIMIT ?3;
+
+-- name: fence
+SELECT tenant, entity, last_accepted, updated_at
+FROM fencegate_fences WHERE (?1 IS NULL OR tenant = ?1) AND entity = ?2;
+
+-- name: jobs
+SELECT id, kind, state, owner_id, fencing_token, attempt, max_attempts, idempotency_key,
+    lease_until, heartbeat_at, run_after, created_at, updated_at, error IS NOT NULL AS has_error
+FROM fencegate_jobs
+WHERE (?1 IS NULL OR state = ?1) AND (?2 IS NULL OR kind = ?2) AND (?3 IS NULL OR id < ?3)
+ORDER BY id DESC
+LIMIT ?4;
+
+-- name: job
+SELECT id, kind, state, owner_id, fencing_token, attempt, max_attempts, idempotency_key,
+    lease_until, heartbeat_at, run_after, created_at, updated_at, error, lease_seconds,
+    heartbeat_seconds
+FROM fencegate_jobs WHERE id = ?1;
+
+-- name: attempts
+SELECT job_id, attempt, fencing_token, owner_id, claimed_at, ended_at, outcome, error
+FROM fencegate_job_attempts WHERE job_id = ?1 ORDER BY fencing_token;
+
+-- name: attempts_by_token
+-- ?1 is a JSON array of fencing tokens.
+SELECT a.job_id, a.attempt, a.fencing_token, a.owner_id, j.kind, a.claimed_at, a.ended_at,
+    a.outcome
+FROM fencegate_job_attempts a JOIN fencegate_jobs j ON j.id = a.job_id
+WHERE a.fencing_token IN (SELECT value FROM json_each(?1))
+ORDER BY a.fencing_token;
+
+-- name: stages
+SELECT job_id, name, idempotency_key, fencing_token, committed_at
+FROM fencegate_job_stages WHERE job_id = ?1 ORDER BY committed_at;
+
+-- name: queue_depth
+SELECT kind, state, count(*) AS jobs FROM fencegate_jobs GROUP BY kind, state
+ORDER BY kind, state;
+
+-- name: running_leases
+SELECT id, kind, owner_id, fencing_token, attempt,
+    lease_until - (julianday('now') - 2440587.5) * 86400.0 AS lease_left,
+    (julianday('now') - 2440587.5) * 86400.0 - heartbeat_at AS heartbeat_age
+FROM fencegate_jobs WHERE state = 'running' ORDER BY lease_until LIMIT ?1;
+
+-- name: reclaimed
+SELECT count(*) FROM fencegate_job_attempts WHERE outcome = 'lease_expired';
+
+-- name: unknown_keys
+SELECT count(*) FROM fencegate_idempotency_keys
+WHERE (?1 IS NULL OR tenant = ?1)
+    AND (state = 'outcome_unknown'
+         OR (state = 'in_flight' AND locked_until <= (julianday('now') - 2440587.5) * 86400.0));
+
+-- name: recent_decisions
+SELECT decision, count(*) AS decisions FROM fencegate_decisions
+WHERE (?1 IS NULL OR tenant = ?1) AND at > (julianday('now') - 2440587.5) * 86400.0 - ?2
+GROUP BY decision ORDER BY decision;
+
+-- name: table_exists
+SELECT count(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = ?1;
+
+-- name: job_retry
+UPDATE fencegate_jobs
+SET state = 'queued', run_after = (julianday('now') - 2440587.5) * 86400.0, owner_id = NULL,
+    lease_until = NULL, max_attempts = max(max_attempts, attempt + 1), error = NULL,
+    updated_at = (julianday('now') - 2440587.5) * 86400.0
+WHERE id = ?1 AND state IN ('failed', 'cancelled')
+RETURNING id;
+
+-- name: jobs_purge
+DELETE FROM fencegate_jobs WHERE id IN (
+    SELECT id FROM fencegate_jobs
+    WHERE state IN ('succeeded', 'failed', 'cancelled')
+        AND updated_at <= (julianday('now') - 2440587.5) * 86400.0 - ?1
+    ORDER BY id LIMIT ?2);
+
+-- name: audit
+INSERT INTO fencegate_audit (at, actor, action, tenant, subject, reason, before, after)
+VALUES ((julianday('now') - 2440587.5) * 86400.0, ?1, ?2, ?3, ?4, ?5, ?6, ?7);
+
+-- name: audit_log
+SELECT id, at, actor, action, tenant, subject, reason, before, after
+FROM fencegate_audit WHERE (?1 IS NULL OR tenant = ?1 OR tenant IS NULL)
+ORDER BY id DESC LIMIT ?2;
