@@ -16,7 +16,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fencegate.demo import main
+    from fencegate.commands.demo_story import main
 
     try:
         return main()
