@@ -103,3 +103,14 @@ def backoff_seconds(
 
 def jitter_factor(rng: random.Random | None = None) -> float:
     return 0.5 + 0.5 * (rng or random).random()
+
+
+def fails_for_good(attempt: int, max_attempts: int, *, permanent: bool) -> bool:
+    """Whether failing attempt number ``attempt`` ends the job (`failed`) rather than
+    scheduling a retry: the error is permanent, or no attempt is left.
+
+    The one home of this rule: the queue turns it into "no retry" before the store writes
+    anything, and the worker reads the outcome from it without asking the store again. (A
+    lease that expires on its last attempt is failed by the claim that finds it.)
+    """
+    return permanent or attempt >= max_attempts

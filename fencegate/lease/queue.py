@@ -24,7 +24,6 @@ from typing import Any, TypedDict, TypeVar, Unpack
 
 import orjson
 
-from fencegate.dburl import parse_database_url
 from fencegate.lease.drivers.base import Driver
 from fencegate.lease.errors import JobNotFound, StoreUnavailable, UnknownWorkClass
 from fencegate.lease.models import (
@@ -36,9 +35,10 @@ from fencegate.lease.models import (
     NewJob,
     StageRecord,
 )
-from fencegate.lease.policy import WorkClass, backoff_seconds, check_intervals
+from fencegate.lease.policy import WorkClass, backoff_seconds, check_intervals, fails_for_good
 from fencegate.store.base import StoreUnavailable as QueuedTooLong
 from fencegate.store.batching import Batcher
+from fencegate.store.dburl import parse_database_url
 
 DEFAULT_TIMEOUT = 10.0
 
@@ -114,7 +114,7 @@ class LeaseQueue:
             from fencegate.lease.drivers.postgres import PostgresDriver
 
             driver = await PostgresDriver.connect(
-                target.url, timeout=timeout, min_size=pool_min_size, max_size=pool_max_size
+                target, timeout=timeout, min_size=pool_min_size, max_size=pool_max_size
             )
         else:
             from fencegate.lease.drivers.sqlite import SQLiteDriver
@@ -330,7 +330,7 @@ class LeaseQueue:
             raise ValueError(f"retry_in {retry_in:g}s must not be negative")
         _check_json(error, "error")
         delay: float | None
-        if permanent:
+        if fails_for_good(lease.attempt, lease.max_attempts, permanent=permanent):
             delay = None
         elif retry_in is not None:
             delay = float(retry_in)

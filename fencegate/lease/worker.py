@@ -53,6 +53,7 @@ from fencegate.lease.execution import (
 from fencegate.lease.heartbeat import HeartbeatController, RenewingStore
 from fencegate.lease.job import JobContext, invoke
 from fencegate.lease.metrics import WorkerMetrics
+from fencegate.lease.policy import fails_for_good
 
 if TYPE_CHECKING:
     from fencegate.lease.models import Lease
@@ -579,10 +580,9 @@ class Worker:
             )
             self.metrics.outcomes.labels(job.kind, "rejected").inc()
             return
-        # The store's rule, known here without asking: the job fails for good when the error
-        # is permanent or no attempt is left; otherwise a retry is scheduled. A later read
-        # could already see what the next owner did with the retry.
-        if permanent or job.attempt >= job.lease.max_attempts:
+        # Known here without asking the store (a later read could already see what the next
+        # owner did with the retry): the same rule the queue applied to this call.
+        if fails_for_good(job.lease.attempt, job.lease.max_attempts, permanent=permanent):
             job.emit(
                 "job_failed",
                 error=code,

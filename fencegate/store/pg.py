@@ -12,8 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar, cast
 
 import asyncpg
 
@@ -48,8 +48,16 @@ def affected(status: str) -> bool:
 
 
 class PgDatabase:
-    def __init__(self, pool: asyncpg.Pool) -> None:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        *,
+        target: DatabaseURL | None = None,
+        server_settings: dict[str, str] | None = None,
+    ) -> None:
         self.pool = pool
+        self.target = target
+        self._server_settings = dict(server_settings or {})
 
     @classmethod
     async def connect(
@@ -61,13 +69,12 @@ class PgDatabase:
         max_size: int = 20,
         timeout: float = 10.0,
         reset_sessions: bool = False,
+        init: Callable[[asyncpg.Connection], Coroutine[Any, Any, None]] | None = None,
+        max_inactive_connection_lifetime: float = 300.0,
     ) -> PgDatabase:
         settings = {"jit": "off", "application_name": application_name}
         if target.schema is not None:
             settings["search_path"] = target.schema
-        options: dict[str, object] = {}
-        if not reset_sessions:
-            options["reset"] = _keep_session
         try:
             pool = await asyncpg.create_pool(
                 target.dsn,
@@ -76,22 +83,62 @@ class PgDatabase:
                 timeout=timeout,
                 # Bare statements, no JIT: a decision must stay a sub-millisecond call.
                 server_settings=settings,
-                **options,
+                init=init,
+                max_inactive_connection_lifetime=max_inactive_connection_lifetime,
+                reset=None if reset_sessions else _keep_session,
+            )
+        except Exception as exc:
+            # Said plainly: the first thing a misconfigured URL produces is this message.
+            raise StoreUnavailable(
+                f"PostgreSQL did not answer: {unavailable(exc, timeout)}"
+            ) from exc
+        assert pool is not None
+        return cls(pool, target=target, server_settings=settings)
+
+    async def listen(
+        self,
+        channel: str,
+        on_notify: Callable[[Any, int, str, Any], None],
+        *,
+        on_terminate: Callable[[object], None],
+        timeout: float,
+    ) -> asyncpg.Connection:
+        """A connection of its own, outside the pool and with the pool's settings, listening
+        on ``channel``: LISTEN is session state, which a pooled connection would hand to the
+        next caller. The caller closes it; `StoreUnavailable` when it cannot be set up."""
+        if self.target is None:
+            raise StoreUnavailable("this database was not opened from a URL")
+        try:
+            conn = await asyncpg.connect(
+                self.target.dsn, timeout=timeout, server_settings=self._server_settings
             )
         except Exception as exc:
             raise unavailable(exc, timeout) from exc
-        assert pool is not None
-        return cls(pool)
+        try:
+            async with asyncio.timeout(timeout):
+                await conn.add_listener(channel, on_notify)
+        except BaseException as exc:
+            conn.terminate()
+            if isinstance(exc, Exception):
+                raise unavailable(exc, timeout) from exc
+            raise
+        conn.add_termination_listener(on_terminate)
+        return conn
 
     async def run(self, fn: Callable[[asyncpg.Connection], Awaitable[T]], *, timeout: float) -> T:
         deadline = time.monotonic() + timeout
+        loop_deadline = asyncio.get_running_loop().time() + timeout
         try:
-            conn = await self.pool.acquire(timeout=timeout)
+            # One bound over the wait for a connection (and its opening) and the call:
+            # acquire(timeout=) would bound it again at the price of a task per call.
+            async with asyncio.timeout_at(loop_deadline):
+                conn = await self.pool.acquire()
         except Exception as exc:
             raise unavailable(exc, timeout) from exc
         try:
-            async with asyncio.timeout_at(asyncio.get_running_loop().time() + _left(deadline)):
-                return await fn(conn)
+            async with asyncio.timeout_at(loop_deadline):
+                # A pooled connection is a proxy with the connection's whole interface.
+                return await fn(cast(asyncpg.Connection, conn))
         except BaseException as exc:
             # The connection is in an unknown state (a query may still run on a silent
             # network): close it at once rather than wait to reset it for the next caller.

@@ -2,7 +2,9 @@
 
 SQLite allows one writer at a time, so each store owns one connection driven by one thread;
 other processes on the host share the file through WAL and the busy timeout. Every call
-takes `timeout=` and raises `asyncio.TimeoutError` instead of waiting past it.
+takes `timeout=`: `run` raises `asyncio.TimeoutError` instead of waiting past it; `call` also
+keeps work from running after its caller gave up, and turns every failure at the boundary
+into `StoreUnavailable`.
 """
 
 from __future__ import annotations
@@ -10,16 +12,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sqlite3
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
+from fencegate.errors import StoreUnavailable
+
 T = TypeVar("T")
 
-# The database clock in epoch seconds with sub-second precision; every time comparison on
-# SQLite uses it, never the caller's clock.
-SQLITE_NOW = "((julianday('now') - 2440587.5) * 86400.0)"
+
+class CallerGaveUp(Exception):
+    """The caller's deadline passed before the work could start (or take the write lock)."""
 
 
 class SQLiteDatabase:
@@ -57,6 +62,36 @@ class SQLiteDatabase:
         loop = asyncio.get_running_loop()
         future = loop.run_in_executor(self._executor, self._call, fn)
         return await asyncio.wait_for(future, timeout)
+
+    async def call(
+        self, fn: Callable[[sqlite3.Connection], T], *, timeout: float, write: bool = False
+    ) -> T:
+        """`run`, bounded and classified: with ``write``, ``fn`` runs in one BEGIN IMMEDIATE
+        transaction. Whatever fails (a timeout, a locked or missing file, a missing table, a
+        closed executor) is raised as `StoreUnavailable`: the store could not say yes or no."""
+        # The connection's thread gives up a little before the caller does, and checks again
+        # once it holds the write lock: work that waited for the lock past the caller's
+        # patience is rolled back instead of done behind the caller's back.
+        deadline = time.monotonic() + timeout - min(0.2, timeout * 0.2)
+
+        def bounded(conn: sqlite3.Connection) -> T:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise CallerGaveUp
+            conn.execute(f"PRAGMA busy_timeout={max(int(remaining * 1000), 1)}")
+            if not write:
+                return fn(conn)
+            with write_transaction(conn):
+                if time.monotonic() > deadline:
+                    raise CallerGaveUp
+                return fn(conn)
+
+        try:
+            return await self.run(bounded, timeout=timeout)
+        except (TimeoutError, CallerGaveUp) as exc:
+            raise StoreUnavailable(f"SQLite did not answer within {timeout:g}s") from exc
+        except Exception as exc:
+            raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from exc
 
     def _close_now(self) -> None:
         if self._conn is not None:

@@ -13,8 +13,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-from fencegate.dburl import parse_database_url
 from fencegate.lease import LeaseQueue, StoreUnavailable
+from fencegate.store.dburl import parse_database_url
 from tests.support.net import TcpRelay
 
 TIMEOUT = 1.0

@@ -1,4 +1,6 @@
-"""What the lease queue needs from a store."""
+"""What the lease queue needs from a store. The statements are in
+``sql/<store>/queries/lease.sql``; connections, deadlines and the error rule are the storage
+core's (`fencegate.store.pg`, `fencegate.store.sqlite_db`)."""
 
 from __future__ import annotations
 
@@ -7,16 +9,6 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from fencegate.lease.models import Attempt, Job, JobState, Lease, NewJob, StageRecord
-
-# The columns both stores read into a `Job` and a `Lease`, in their fields' order.
-JOB_COLUMNS = """id, kind, state, owner_id, lease_until, fencing_token, heartbeat_at, attempt,
-    max_attempts, run_after, idempotency_key, payload, result, error, lease_seconds,
-    heartbeat_seconds, jitter_seconds, stage_timeout_seconds, created_at, updated_at,
-    tool_timeout_seconds"""
-
-LEASE_COLUMNS = """id, kind, owner_id, fencing_token, lease_until, lease_seconds,
-    heartbeat_seconds, attempt, max_attempts, payload, idempotency_key, stage_timeout_seconds,
-    tool_timeout_seconds"""
 
 
 class Driver(Protocol):
@@ -37,30 +29,22 @@ class Driver(Protocol):
         self, owner_id: str, kinds: Sequence[str] | None, limit: int, *, timeout: float
     ) -> list[Lease]: ...
 
-    async def extend(self, lease: Lease, *, timeout: float) -> datetime | None:
-        """The new lease_until, or None when the lease is no longer held."""
-        ...
-
     async def extend_many(
         self, leases: Sequence[Lease], *, timeout: float
-    ) -> list[datetime | None]: ...
+    ) -> list[datetime | None]:
+        """Per lease, the new lease_until, or None when that lease is no longer held."""
+        ...
 
     async def complete_many(
         self, items: Sequence[tuple[Lease, Any]], *, timeout: float
     ) -> list[bool]: ...
 
-    async def fail(
-        self, lease: Lease, error: Any, *, retry_in: float | None, timeout: float
-    ) -> JobState | None:
-        """End the attempt: retry after ``retry_in`` seconds while attempts remain, else
-        (or when ``retry_in`` is None) fail the job. The job's new state, None if rejected."""
-        ...
-
     async def fail_many(
         self, items: Sequence[tuple[Lease, Any, float | None]], *, timeout: float
     ) -> list[JobState | None]:
-        """`fail` for many ``(lease, error, retry_in)`` in one transaction, each row checked
-        on its own; one answer per item."""
+        """End each ``(lease, error, retry_in)`` attempt, each row checked on its own: queued
+        again after ``retry_in`` seconds, or failed for good when ``retry_in`` is None (the
+        queue decides which). The job's new state per item, None where rejected."""
         ...
 
     async def release(self, lease: Lease, *, timeout: float) -> bool: ...
@@ -81,15 +65,11 @@ class Driver(Protocol):
         self, job_id: int, name: str, *, timeout: float
     ) -> StageRecord | None: ...
 
-    async def commit_stage(
-        self, lease: Lease, name: str, idempotency_key: str, result: Any, *, timeout: float
-    ) -> bool: ...
-
     async def commit_stage_many(
         self, items: Sequence[tuple[Lease, str, str, Any]], *, timeout: float
     ) -> list[bool]:
-        """`commit_stage` for many ``(lease, name, idempotency_key, result)``; one answer
-        per item."""
+        """Record each ``(lease, name, idempotency_key, result)`` stage while its lease is
+        held; one answer per item."""
         ...
 
     async def wait_for_work(self, kinds: Sequence[str] | None, *, timeout: float) -> bool: ...

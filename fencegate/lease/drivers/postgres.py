@@ -1,11 +1,9 @@
 """The lease queue on PostgreSQL through asyncpg.
 
-Every operation is one statement (data-modifying CTEs), so it is one short transaction whose
-time comparisons all use the database's ``now()``. Every call is bounded twice: asyncpg's own
-``timeout=`` on the statement, and an outer ``asyncio.timeout`` over the whole call (waiting
-for a pooled connection, opening one, the statement, the release). A connection whose call
-did not finish cleanly is terminated, never handed back to the pool as healthy: after a
-silent network partition its protocol state is unknown.
+Every operation is one statement (data-modifying CTEs, in ``sql/postgres/queries/lease.sql``),
+so it is one short transaction whose time comparisons all use the database's ``now()``.
+Connections, the bound on each call and the error rule are `PgDatabase`'s: whatever fails is
+`StoreUnavailable`, which to a worker means its ownership is unknown.
 """
 
 from __future__ import annotations
@@ -20,34 +18,36 @@ from typing import Any, TypeVar
 import asyncpg
 import orjson
 
-from fencegate.lease.drivers.base import JOB_COLUMNS, LEASE_COLUMNS
-from fencegate.lease.errors import StoreUnavailable
+from fencegate.errors import StoreUnavailable
 from fencegate.lease.models import Attempt, Job, JobState, Lease, NewJob, StageRecord
-from fencegate.migrations import migrate_postgres
+from fencegate.store.dburl import DatabaseURL
+from fencegate.store.migrations import migrate_postgres
+from fencegate.store.pg import PgDatabase
+from fencegate.store.queries import Queries
 
 T = TypeVar("T")
 
 CHANNEL = "fencegate_jobs"
 
-# Errors that mean "the database did not answer", as opposed to "it answered no".
-_UNAVAILABLE: tuple[type[BaseException], ...] = (
-    OSError,
-    TimeoutError,
-    asyncpg.PostgresConnectionError,
-    asyncpg.exceptions.OperatorInterventionError,
-    asyncpg.exceptions.InsufficientResourcesError,
-    asyncpg.exceptions.InternalClientError,
+Q = Queries(
+    "postgresql",
+    "lease_now",
+    "lease_ping",
+    "lease_enqueue",
+    "lease_claim_one_kind",
+    "lease_claim_kinds",
+    "lease_claim_any",
+    "lease_extend_many",
+    "lease_complete_many",
+    "lease_fail_many",
+    "lease_release",
+    "lease_cancel",
+    "lease_get_job",
+    "lease_list_jobs",
+    "lease_attempts",
+    "lease_stage_result",
+    "lease_commit_stage_many",
 )
-
-
-def _is_unavailable(exc: BaseException) -> bool:
-    if isinstance(exc, _UNAVAILABLE):
-        return True
-    # InterfaceError covers "connection is closed" and similar; its DataError and
-    # ClientConfigurationError subclasses are mistakes in the call, not an outage.
-    return isinstance(exc, asyncpg.InterfaceError) and not isinstance(
-        exc, (asyncpg.exceptions.DataError, asyncpg.exceptions.ClientConfigurationError)
-    )
 
 
 def _dumps(value: Any) -> str:
@@ -58,322 +58,6 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
     await conn.set_type_codec(
         "jsonb", encoder=_dumps, decoder=orjson.loads, schema="pg_catalog", format="text"
     )
-
-
-async def _no_reset(conn: asyncpg.Connection) -> None:
-    # The queue keeps no session state (no LISTEN, locks or settings on pooled connections),
-    # so the default reset round trip on every release buys nothing.
-    return None
-
-
-# Rows that still belong to the presenter of a lease: $1 id, $2 owner, $3 token.
-_HELD = """id = $1 AND state = 'running' AND owner_id = $2 AND fencing_token = $3
-    AND lease_until > now()"""
-
-ENQUEUE = """
-WITH input AS (
-    SELECT *
-      FROM unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::float8[], $6::float8[],
-                  $7::float8[], $8::float8[], $9::float8[], $10::float8[]) WITH ORDINALITY
-           AS t(kind, payload, idempotency_key, max_attempts, lease_seconds, heartbeat_seconds,
-                jitter_seconds, stage_timeout_seconds, tool_timeout_seconds, run_after_seconds,
-                ord)
-),
-inserted AS (
-    INSERT INTO fencegate_jobs (kind, payload, idempotency_key, max_attempts, lease_seconds,
-                                heartbeat_seconds, jitter_seconds, stage_timeout_seconds,
-                                tool_timeout_seconds, run_after)
-    SELECT kind, COALESCE(payload::jsonb, 'null'::jsonb), idempotency_key, max_attempts,
-           lease_seconds, heartbeat_seconds,
-           jitter_seconds, stage_timeout_seconds, tool_timeout_seconds,
-           now() + make_interval(secs => run_after_seconds)
-      FROM input
-     ORDER BY ord
-    ON CONFLICT (idempotency_key) DO NOTHING
-    RETURNING id, idempotency_key
-)
-SELECT i.ord, COALESCE(n.id, j.id) AS id
-  FROM input AS i
-  LEFT JOIN inserted AS n ON n.idempotency_key = i.idempotency_key
-  LEFT JOIN fencegate_jobs AS j ON j.idempotency_key = i.idempotency_key
- ORDER BY i.ord
-"""
-
-# One statement: fail the expired jobs that have no attempt left, grant leases on ready or
-# expired jobs (tokens from the one sequence), close the expired attempts and open new ones.
-# {kinds} is replaced by a filter on $2 or by nothing.
-_CLAIM_TEMPLATE = """
-WITH exhausted AS (
-    UPDATE fencegate_jobs AS j
-       SET state = 'failed', lease_until = NULL, updated_at = now(),
-           error = to_jsonb(format('lease expired on attempt %s of %s', j.attempt,
-                                   j.max_attempts))
-     WHERE j.id IN (SELECT id FROM fencegate_jobs
-                     WHERE state = 'running' AND lease_until < now()
-                       AND attempt >= max_attempts {kinds}
-                       FOR UPDATE SKIP LOCKED)
-    RETURNING j.fencing_token, j.error
-),
--- Expired leases first (they have waited longest), then queued work in id order, each from
--- its own partial index; the queued scan only looks for (and locks) what is still missing.
-expired AS (
-    SELECT id, fencing_token AS previous_token,
-           to_jsonb(format('lease expired on attempt %s of %s', attempt, max_attempts))
-               AS expiry_error
-      FROM fencegate_jobs
-     WHERE state = 'running' AND lease_until < now() AND attempt < max_attempts {kinds}
-     ORDER BY lease_until
-     LIMIT $3
-       FOR UPDATE SKIP LOCKED
-),
-queued AS (
-    SELECT id, fencing_token AS previous_token, NULL::jsonb AS expiry_error
-      FROM fencegate_jobs
-     WHERE state = 'queued' AND run_after <= now() {kinds}
-     ORDER BY id
-     LIMIT $3 - (SELECT count(*) FROM expired)
-       FOR UPDATE SKIP LOCKED
-),
-candidates AS (
-    SELECT * FROM expired UNION ALL SELECT * FROM queued
-),
-granted AS (
-    UPDATE fencegate_jobs AS j
-       SET state = 'running', owner_id = $1,
-           fencing_token = nextval('fencegate_fencing_tokens'),
-           lease_until = now() + make_interval(secs => j.lease_seconds),
-           heartbeat_at = now(), attempt = j.attempt + 1, updated_at = now(),
-           error = COALESCE(c.expiry_error, j.error)
-      FROM candidates AS c
-     WHERE j.id = c.id
-    RETURNING j.*, c.previous_token, c.expiry_error
-),
-expired_attempts AS (
-    UPDATE fencegate_job_attempts AS a
-       SET ended_at = now(), outcome = 'lease_expired', error = e.error
-      FROM (SELECT fencing_token, error FROM exhausted
-            UNION ALL
-            SELECT previous_token, expiry_error FROM granted
-             WHERE expiry_error IS NOT NULL) AS e
-     WHERE a.fencing_token = e.fencing_token AND a.ended_at IS NULL
-),
-opened AS (
-    INSERT INTO fencegate_job_attempts (fencing_token, job_id, attempt, owner_id, claimed_at)
-    SELECT fencing_token, id, attempt, owner_id, now() FROM granted
-)
-SELECT {lease_columns} FROM granted ORDER BY id
-"""
-# One kind (the common case) walks the (kind, id) index in order; several kinds or any kind
-# walk the (id) index and filter.
-CLAIM_ONE_KIND = _CLAIM_TEMPLATE.format(kinds="AND kind = $2::text", lease_columns=LEASE_COLUMNS)
-CLAIM_KINDS = _CLAIM_TEMPLATE.format(
-    kinds="AND kind = ANY($2::text[])", lease_columns=LEASE_COLUMNS
-)
-CLAIM_ANY = _CLAIM_TEMPLATE.format(kinds="AND $2::text[] IS NULL", lease_columns=LEASE_COLUMNS)
-
-EXTEND = f"""
-UPDATE fencegate_jobs
-   SET lease_until = now() + make_interval(secs => lease_seconds), heartbeat_at = now(),
-       updated_at = now()
- WHERE {_HELD}
-RETURNING lease_until
-"""
-
-EXTEND_MANY = """
-UPDATE fencegate_jobs AS j
-   SET lease_until = now() + make_interval(secs => j.lease_seconds), heartbeat_at = now(),
-       updated_at = now()
-  FROM unnest($1::bigint[], $2::text[], $3::bigint[]) AS i(id, owner_id, fencing_token)
- WHERE j.id = ANY($1::bigint[]) AND j.id = i.id AND j.state = 'running'
-   AND j.owner_id = i.owner_id AND j.fencing_token = i.fencing_token AND j.lease_until > now()
-RETURNING j.id, j.fencing_token, j.lease_until
-"""
-
-COMPLETE_MANY = """
-WITH input AS (
-    SELECT * FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::text[])
-           AS t(id, owner_id, fencing_token, result)
-),
-done AS (
-    UPDATE fencegate_jobs AS j
-       SET state = 'succeeded', result = i.result::jsonb, error = NULL, lease_until = NULL,
-           updated_at = now()
-      FROM input AS i
-     WHERE j.id = ANY($1::bigint[]) AND j.id = i.id AND j.state = 'running'
-       AND j.owner_id = i.owner_id AND j.fencing_token = i.fencing_token
-       AND j.lease_until > now()
-    RETURNING j.id, j.fencing_token
-),
-ended AS (
-    UPDATE fencegate_job_attempts AS a
-       SET ended_at = now(), outcome = 'succeeded'
-      FROM done
-     WHERE a.fencing_token = ANY($3::bigint[]) AND a.fencing_token = done.fencing_token
-)
-SELECT id FROM done
-"""
-
-FAIL = f"""
-WITH ended AS (
-    UPDATE fencegate_jobs
-       SET state = CASE WHEN $5::float8 IS NULL OR attempt >= max_attempts
-                        THEN 'failed' ELSE 'queued' END,
-           run_after = CASE WHEN $5::float8 IS NULL OR attempt >= max_attempts
-                            THEN run_after ELSE now() + make_interval(secs => $5::float8) END,
-           owner_id = CASE WHEN $5::float8 IS NULL OR attempt >= max_attempts
-                           THEN owner_id END,
-           error = $4::jsonb, lease_until = NULL, updated_at = now()
-     WHERE {_HELD}
-    RETURNING fencing_token, state
-),
-closed AS (
-    UPDATE fencegate_job_attempts AS a
-       SET ended_at = now(), error = $4::jsonb,
-           outcome = CASE WHEN e.state = 'failed' THEN 'failed' ELSE 'retry_scheduled' END
-      FROM ended AS e
-     WHERE a.fencing_token = $3 AND a.fencing_token = e.fencing_token
-)
-SELECT state FROM ended
-"""
-
-# `FAIL` for many leases: each row is still matched on its own id, owner, token and live
-# lease; a NULL retry_in fails that job for good.
-FAIL_MANY = """
-WITH input AS (
-    SELECT * FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::text[], $5::float8[])
-           AS t(id, owner_id, fencing_token, error, retry_in)
-),
-ended AS (
-    UPDATE fencegate_jobs AS j
-       SET state = CASE WHEN i.retry_in IS NULL OR j.attempt >= j.max_attempts
-                        THEN 'failed' ELSE 'queued' END,
-           run_after = CASE WHEN i.retry_in IS NULL OR j.attempt >= j.max_attempts
-                            THEN j.run_after ELSE now() + make_interval(secs => i.retry_in) END,
-           owner_id = CASE WHEN i.retry_in IS NULL OR j.attempt >= j.max_attempts
-                           THEN j.owner_id END,
-           error = i.error::jsonb, lease_until = NULL, updated_at = now()
-      FROM input AS i
-     WHERE j.id = ANY($1::bigint[]) AND j.id = i.id AND j.state = 'running'
-       AND j.owner_id = i.owner_id AND j.fencing_token = i.fencing_token
-       AND j.lease_until > now()
-    RETURNING j.id, j.fencing_token, j.state, i.error
-),
-closed AS (
-    UPDATE fencegate_job_attempts AS a
-       SET ended_at = now(), error = e.error::jsonb,
-           outcome = CASE WHEN e.state = 'failed' THEN 'failed' ELSE 'retry_scheduled' END
-      FROM ended AS e
-     WHERE a.fencing_token = ANY($3::bigint[]) AND a.fencing_token = e.fencing_token
-)
-SELECT id, fencing_token, state FROM ended
-"""
-
-# Released work is not a failure: the attempt is given back so it does not count.
-RELEASE = f"""
-WITH released AS (
-    UPDATE fencegate_jobs
-       SET state = 'queued', owner_id = NULL, lease_until = NULL, attempt = attempt - 1,
-           run_after = now(), updated_at = now()
-     WHERE {_HELD}
-    RETURNING fencing_token
-),
-closed AS (
-    UPDATE fencegate_job_attempts AS a
-       SET ended_at = now(), outcome = 'released'
-      FROM released AS r
-     WHERE a.fencing_token = $3 AND a.fencing_token = r.fencing_token
-)
-SELECT count(*) FROM released
-"""
-
-CANCEL = """
-WITH target AS (
-    SELECT id, state, fencing_token FROM fencegate_jobs WHERE id = $1 FOR UPDATE
-),
-cancelled AS (
-    UPDATE fencegate_jobs AS j
-       SET state = 'cancelled', lease_until = NULL, error = $2::jsonb, updated_at = now()
-      FROM target AS t
-     WHERE j.id = t.id AND t.state IN ('queued', 'running')
-    RETURNING t.state AS previous_state, t.fencing_token
-),
-closed AS (
-    UPDATE fencegate_job_attempts AS a
-       SET ended_at = now(), outcome = 'cancelled', error = $2::jsonb
-      FROM cancelled AS c
-     WHERE c.previous_state = 'running'
-       AND a.fencing_token = (SELECT fencing_token FROM target)
-       AND a.fencing_token = c.fencing_token AND a.ended_at IS NULL
-)
-SELECT (SELECT count(*) FROM target) AS found, (SELECT count(*) FROM cancelled) AS cancelled
-"""
-
-GET = f"SELECT {JOB_COLUMNS} FROM fencegate_jobs WHERE id = $1"
-
-LIST_JOBS = f"""
-SELECT {JOB_COLUMNS} FROM fencegate_jobs
- WHERE ($1::text IS NULL OR state = $1) AND ($2::text IS NULL OR kind = $2)
- ORDER BY id DESC
- LIMIT $3
-"""
-
-ATTEMPTS = """
-SELECT job_id, attempt, fencing_token, owner_id, claimed_at, ended_at, outcome, error
-  FROM fencegate_job_attempts WHERE job_id = $1 ORDER BY fencing_token
-"""
-
-STAGE_RESULT = """
-SELECT job_id, name, idempotency_key, result, fencing_token, committed_at
-  FROM fencegate_job_stages WHERE job_id = $1 AND name = $2
-"""
-
-# FOR SHARE holds the job row while the stage is written, so a concurrent reclaim cannot
-# slip in between the ownership check and the insert.
-COMMIT_STAGE = f"""
-WITH holder AS (
-    SELECT id, fencing_token FROM fencegate_jobs WHERE {_HELD} FOR SHARE
-),
-inserted AS (
-    INSERT INTO fencegate_job_stages (job_id, name, idempotency_key, result, fencing_token)
-    SELECT id, $4, $5, $6::jsonb, fencing_token FROM holder
-    ON CONFLICT (job_id, name) DO NOTHING
-    RETURNING 1
-)
-SELECT EXISTS (SELECT 1 FROM inserted)
-    OR EXISTS (SELECT 1 FROM holder AS h JOIN fencegate_job_stages AS s
-                 ON s.job_id = h.id AND s.name = $4 AND s.fencing_token = h.fencing_token)
-"""
-
-# `COMMIT_STAGE` for many stages (of one or several jobs). Each job row is held FOR SHARE
-# once, whatever number of its stages the batch carries.
-COMMIT_STAGE_MANY = """
-WITH input AS (
-    SELECT * FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::text[], $5::text[],
-                         $6::text[]) WITH ORDINALITY
-           AS t(id, owner_id, fencing_token, name, idempotency_key, result, ord)
-),
-holder AS (
-    SELECT j.id, j.fencing_token FROM fencegate_jobs AS j
-     WHERE j.id = ANY($1::bigint[]) AND j.state = 'running' AND j.lease_until > now()
-       AND EXISTS (SELECT 1 FROM input AS i WHERE i.id = j.id AND i.owner_id = j.owner_id
-                                              AND i.fencing_token = j.fencing_token)
-       FOR SHARE
-),
-inserted AS (
-    INSERT INTO fencegate_job_stages (job_id, name, idempotency_key, result, fencing_token)
-    SELECT i.id, i.name, i.idempotency_key, i.result::jsonb, h.fencing_token
-      FROM input AS i JOIN holder AS h ON h.id = i.id AND h.fencing_token = i.fencing_token
-    ON CONFLICT (job_id, name) DO NOTHING
-    RETURNING job_id, name
-)
-SELECT i.ord,
-       EXISTS (SELECT 1 FROM inserted AS n WHERE n.job_id = i.id AND n.name = i.name)
-    OR EXISTS (SELECT 1 FROM holder AS h JOIN fencegate_job_stages AS s
-                 ON s.job_id = h.id AND s.name = i.name AND s.fencing_token = h.fencing_token
-                WHERE h.id = i.id AND h.fencing_token = i.fencing_token) AS committed
-  FROM input AS i
- ORDER BY i.ord
-"""
 
 
 def _lease(row: asyncpg.Record) -> Lease:
@@ -414,8 +98,8 @@ class _Notifications:
     "wait" is not lost.
     """
 
-    def __init__(self, url: str) -> None:
-        self._url = url
+    def __init__(self, db: PgDatabase) -> None:
+        self._db = db
         self._conn: asyncpg.Connection | None = None
         self._connecting: asyncio.Lock | None = None
         self._sequence = 0
@@ -455,14 +139,9 @@ class _Notifications:
         async with self._connecting:
             if self._conn is not None and not self._conn.is_closed():
                 return False
-            conn = await asyncpg.connect(self._url, timeout=timeout)
-            try:
-                await conn.add_listener(CHANNEL, self._on_notify)
-            except BaseException:
-                conn.terminate()
-                raise
-            conn.add_termination_listener(self._on_terminate)
-            self._conn = conn
+            self._conn = await self._db.listen(
+                CHANNEL, self._on_notify, on_terminate=self._on_terminate, timeout=timeout
+            )
             self._last_heard = time.monotonic()
             return True
 
@@ -483,7 +162,7 @@ class _Notifications:
         except TimeoutError:
             self._probe_quietly()
             return False
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+        except StoreUnavailable:
             # No listener (the server refused at once): wait out the timeout all the same, so
             # that a caller looping on wait-then-claim does not spin while the store is down.
             await asyncio.sleep(max(deadline - time.monotonic(), 0))
@@ -502,7 +181,7 @@ class _Notifications:
 
         async def probe() -> None:
             try:
-                await conn.fetchval("SELECT 1", timeout=5.0)
+                await conn.fetchval(Q.lease_ping, timeout=5.0)
                 self._last_heard = time.monotonic()
             except BaseException:
                 conn.terminate()
@@ -529,79 +208,43 @@ def _key(kinds: Sequence[str] | None) -> frozenset[str] | None:
 
 
 class PostgresDriver:
-    def __init__(self, url: str, pool: asyncpg.Pool) -> None:
-        self._url = url
-        self._pool = pool
-        self._notifications = _Notifications(url)
+    def __init__(self, db: PgDatabase) -> None:
+        self._db = db
+        self._notifications = _Notifications(db)
         # Statements sent, so that batching can be observed (tests, benchmarks).
         self.round_trips = 0
 
     @classmethod
     async def connect(
-        cls, url: str, *, timeout: float, min_size: int = 1, max_size: int = 10
+        cls, target: DatabaseURL, *, timeout: float, min_size: int = 1, max_size: int = 10
     ) -> PostgresDriver:
-        try:
-            async with asyncio.timeout(timeout):
-                pool = await asyncpg.create_pool(
-                    url,
-                    min_size=min_size,
-                    max_size=max_size,
-                    init=_init_connection,
-                    reset=_no_reset,
-                    timeout=timeout,
-                    # No connection is kept for ever: one that has lived through an
-                    # unnoticed partition is replaced within minutes even when idle.
-                    max_inactive_connection_lifetime=60.0,
-                )
-        except BaseException as exc:
-            if _is_unavailable(exc):
-                raise StoreUnavailable(f"PostgreSQL did not answer: {exc!r}") from exc
-            raise
-        return cls(url, pool)
+        db = await PgDatabase.connect(
+            target,
+            application_name="fencegate-lease",
+            min_size=min_size,
+            max_size=max_size,
+            timeout=timeout,
+            init=_init_connection,
+            # No connection is kept for ever: one that has lived through an unnoticed
+            # partition is replaced within minutes even when idle.
+            max_inactive_connection_lifetime=60.0,
+        )
+        return cls(db)
 
     async def close(self) -> None:
         await self._notifications.close()
-        try:
-            await asyncio.wait_for(self._pool.close(), 5.0)
-        except BaseException:
-            self._pool.terminate()
+        await self._db.close()
 
-    async def _run(
-        self, call: Callable[[asyncpg.Connection, float], Awaitable[T]], *, timeout: float
-    ) -> T:
-        deadline = time.monotonic() + timeout
+    async def _run(self, fn: Callable[[asyncpg.Connection], Awaitable[T]], *, timeout: float) -> T:
         self.round_trips += 1
-        try:
-            async with asyncio.timeout(timeout):
-                # The outer timeout bounds the wait for a connection (and its opening);
-                # acquire(timeout=) would bound it again at the price of a task per call.
-                conn = await self._pool.acquire()
-                healthy = False
-                try:
-                    result = await call(conn, max(deadline - time.monotonic(), 0.001))
-                    healthy = True
-                except asyncpg.PostgresError as exc:
-                    healthy = not _is_unavailable(exc)
-                    raise
-                finally:
-                    if not healthy:
-                        conn.terminate()
-                    await self._pool.release(conn, timeout=max(deadline - time.monotonic(), 0.1))
-                return result
-        except BaseException as exc:
-            if _is_unavailable(exc):
-                raise StoreUnavailable(
-                    f"PostgreSQL did not answer within {timeout:g}s: {type(exc).__name__}"
-                ) from exc
-            raise
+        return await self._db.run(fn, timeout=timeout)
 
     async def migrate(self, *, timeout: float) -> list[str]:
-        return await self._run(lambda conn, _t: migrate_postgres(conn), timeout=timeout)
+        schema = None if self._db.target is None else self._db.target.schema
+        return await self._run(lambda conn: migrate_postgres(conn, schema=schema), timeout=timeout)
 
     async def now(self, *, timeout: float) -> datetime:
-        value = await self._run(
-            lambda conn, t: conn.fetchval("SELECT clock_timestamp()", timeout=t), timeout=timeout
-        )
+        value = await self._run(lambda conn: conn.fetchval(Q.lease_now), timeout=timeout)
         assert isinstance(value, datetime)
         return value
 
@@ -619,11 +262,11 @@ class PostgresDriver:
             [j.run_after_seconds for j in jobs],
         )
 
-        async def call(conn: asyncpg.Connection, t: float) -> list[int]:
+        async def call(conn: asyncpg.Connection) -> list[int]:
             # A key inserted by a transaction that committed after this statement's snapshot
             # is neither inserted nor visible here; the next run sees it.
             for _ in range(5):
-                rows = await conn.fetch(ENQUEUE, *args, timeout=t)
+                rows = await conn.fetch(Q.lease_enqueue, *args)
                 ids = [row["id"] for row in rows]
                 if all(i is not None for i in ids):
                     return ids
@@ -638,37 +281,25 @@ class PostgresDriver:
         query: str
         kind_arg: str | list[str] | None
         if kinds is None:
-            query, kind_arg = CLAIM_ANY, None
+            query, kind_arg = Q.lease_claim_any, None
         elif len(kinds) == 1:
-            query, kind_arg = CLAIM_ONE_KIND, kinds[0]
+            query, kind_arg = Q.lease_claim_one_kind, kinds[0]
         else:
-            query, kind_arg = CLAIM_KINDS, list(kinds)
+            query, kind_arg = Q.lease_claim_kinds, list(kinds)
         rows = await self._run(
-            lambda conn, t: conn.fetch(query, owner_id, kind_arg, limit, timeout=t),
-            timeout=timeout,
+            lambda conn: conn.fetch(query, owner_id, kind_arg, limit), timeout=timeout
         )
         return [_lease(row) for row in rows]
-
-    async def extend(self, lease: Lease, *, timeout: float) -> datetime | None:
-        value = await self._run(
-            lambda conn, t: conn.fetchval(
-                EXTEND, lease.job_id, lease.owner_id, lease.fencing_token, timeout=t
-            ),
-            timeout=timeout,
-        )
-        assert value is None or isinstance(value, datetime)
-        return value
 
     async def extend_many(
         self, leases: Sequence[Lease], *, timeout: float
     ) -> list[datetime | None]:
         rows = await self._run(
-            lambda conn, t: conn.fetch(
-                EXTEND_MANY,
+            lambda conn: conn.fetch(
+                Q.lease_extend_many,
                 [lease.job_id for lease in leases],
                 [lease.owner_id for lease in leases],
                 [lease.fencing_token for lease in leases],
-                timeout=t,
             ),
             timeout=timeout,
         )
@@ -679,49 +310,29 @@ class PostgresDriver:
         self, items: Sequence[tuple[Lease, Any]], *, timeout: float
     ) -> list[bool]:
         rows = await self._run(
-            lambda conn, t: conn.fetch(
-                COMPLETE_MANY,
+            lambda conn: conn.fetch(
+                Q.lease_complete_many,
                 [lease.job_id for lease, _ in items],
                 [lease.owner_id for lease, _ in items],
                 [lease.fencing_token for lease, _ in items],
-                # JSON text, not jsonb[]: asyncpg would read a list result as a nested array.
                 [_dumps(result) for _, result in items],
-                timeout=t,
             ),
             timeout=timeout,
         )
         done = {row["id"] for row in rows}
         return [lease.job_id in done for lease, _ in items]
 
-    async def fail(
-        self, lease: Lease, error: Any, *, retry_in: float | None, timeout: float
-    ) -> JobState | None:
-        state = await self._run(
-            lambda conn, t: conn.fetchval(
-                FAIL,
-                lease.job_id,
-                lease.owner_id,
-                lease.fencing_token,
-                error,
-                retry_in,
-                timeout=t,
-            ),
-            timeout=timeout,
-        )
-        return state
-
     async def fail_many(
         self, items: Sequence[tuple[Lease, Any, float | None]], *, timeout: float
     ) -> list[JobState | None]:
         rows = await self._run(
-            lambda conn, t: conn.fetch(
-                FAIL_MANY,
+            lambda conn: conn.fetch(
+                Q.lease_fail_many,
                 [lease.job_id for lease, _, _ in items],
                 [lease.owner_id for lease, _, _ in items],
                 [lease.fencing_token for lease, _, _ in items],
                 [_dumps(error) for _, error, _ in items],
                 [retry_in for _, _, retry_in in items],
-                timeout=t,
             ),
             timeout=timeout,
         )
@@ -730,8 +341,8 @@ class PostgresDriver:
 
     async def release(self, lease: Lease, *, timeout: float) -> bool:
         count = await self._run(
-            lambda conn, t: conn.fetchval(
-                RELEASE, lease.job_id, lease.owner_id, lease.fencing_token, timeout=t
+            lambda conn: conn.fetchval(
+                Q.lease_release, lease.job_id, lease.owner_id, lease.fencing_token
             ),
             timeout=timeout,
         )
@@ -739,7 +350,7 @@ class PostgresDriver:
 
     async def cancel(self, job_id: int, reason: Any, *, timeout: float) -> bool | None:
         row = await self._run(
-            lambda conn, t: conn.fetchrow(CANCEL, job_id, reason, timeout=t), timeout=timeout
+            lambda conn: conn.fetchrow(Q.lease_cancel, job_id, _dumps(reason)), timeout=timeout
         )
         assert row is not None
         if not row["found"]:
@@ -747,64 +358,39 @@ class PostgresDriver:
         return bool(row["cancelled"])
 
     async def get(self, job_id: int, *, timeout: float) -> Job | None:
-        row = await self._run(
-            lambda conn, t: conn.fetchrow(GET, job_id, timeout=t), timeout=timeout
-        )
+        row = await self._run(lambda conn: conn.fetchrow(Q.lease_get_job, job_id), timeout=timeout)
         return None if row is None else _job(row)
 
     async def list_jobs(
         self, *, state: JobState | None, kind: str | None, limit: int, timeout: float
     ) -> list[Job]:
         rows = await self._run(
-            lambda conn, t: conn.fetch(LIST_JOBS, state, kind, limit, timeout=t),
-            timeout=timeout,
+            lambda conn: conn.fetch(Q.lease_list_jobs, state, kind, limit), timeout=timeout
         )
         return [_job(row) for row in rows]
 
     async def attempts(self, job_id: int, *, timeout: float) -> list[Attempt]:
-        rows = await self._run(
-            lambda conn, t: conn.fetch(ATTEMPTS, job_id, timeout=t), timeout=timeout
-        )
+        rows = await self._run(lambda conn: conn.fetch(Q.lease_attempts, job_id), timeout=timeout)
         return [_attempt(row) for row in rows]
 
     async def stage_result(self, job_id: int, name: str, *, timeout: float) -> StageRecord | None:
         row = await self._run(
-            lambda conn, t: conn.fetchrow(STAGE_RESULT, job_id, name, timeout=t),
-            timeout=timeout,
+            lambda conn: conn.fetchrow(Q.lease_stage_result, job_id, name), timeout=timeout
         )
         return None if row is None else _stage(row)
-
-    async def commit_stage(
-        self, lease: Lease, name: str, idempotency_key: str, result: Any, *, timeout: float
-    ) -> bool:
-        value = await self._run(
-            lambda conn, t: conn.fetchval(
-                COMMIT_STAGE,
-                lease.job_id,
-                lease.owner_id,
-                lease.fencing_token,
-                name,
-                idempotency_key,
-                result,
-                timeout=t,
-            ),
-            timeout=timeout,
-        )
-        return bool(value)
 
     async def commit_stage_many(
         self, items: Sequence[tuple[Lease, str, str, Any]], *, timeout: float
     ) -> list[bool]:
         rows = await self._run(
-            lambda conn, t: conn.fetch(
-                COMMIT_STAGE_MANY,
+            lambda conn: conn.fetch(
+                Q.lease_commit_stage_many,
                 [lease.job_id for lease, _, _, _ in items],
                 [lease.owner_id for lease, _, _, _ in items],
                 [lease.fencing_token for lease, _, _, _ in items],
                 [name for _, name, _, _ in items],
                 [key for _, _, key, _ in items],
                 [_dumps(result) for _, _, _, result in items],
-                timeout=t,
             ),
             timeout=timeout,
         )

@@ -1,0 +1,417 @@
+-- The lease queue's statements on PostgreSQL (fencegate/lease/drivers/postgres.py runs them
+-- by name). Each operation is one statement, so one short transaction whose time comparisons
+-- all use the database's now(). A row "held" by the presenter of a lease matches its id,
+-- state 'running', owner and token, with lease_until still in the future.
+-- Whether a failed attempt ends the job or is retried is decided once, by the queue
+-- (fencegate/lease/policy.py): here a NULL retry_in means "failed for good".
+
+-- name: lease_now
+SELECT clock_timestamp();
+
+-- name: lease_ping
+SELECT 1;
+
+-- name: lease_enqueue
+-- ON CONFLICT DO NOTHING returns nothing for a key that exists already, so the id comes from
+-- the join; a key committed by another transaction after this snapshot yields NULL (the
+-- driver runs the statement again).
+WITH input AS (
+    SELECT *
+      FROM unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::float8[], $6::float8[],
+                  $7::float8[], $8::float8[], $9::float8[], $10::float8[]) WITH ORDINALITY
+           AS t(kind, payload, idempotency_key, max_attempts, lease_seconds, heartbeat_seconds,
+                jitter_seconds, stage_timeout_seconds, tool_timeout_seconds, run_after_seconds,
+                ord)
+),
+inserted AS (
+    INSERT INTO fencegate_jobs (kind, payload, idempotency_key, max_attempts, lease_seconds,
+                                heartbeat_seconds, jitter_seconds, stage_timeout_seconds,
+                                tool_timeout_seconds, run_after)
+    SELECT kind, COALESCE(payload::jsonb, 'null'::jsonb), idempotency_key, max_attempts,
+           lease_seconds, heartbeat_seconds,
+           jitter_seconds, stage_timeout_seconds, tool_timeout_seconds,
+           now() + make_interval(secs => run_after_seconds)
+      FROM input
+     ORDER BY ord
+    ON CONFLICT (idempotency_key) DO NOTHING
+    RETURNING id, idempotency_key
+)
+SELECT i.ord, COALESCE(n.id, j.id) AS id
+  FROM input AS i
+  LEFT JOIN inserted AS n ON n.idempotency_key = i.idempotency_key
+  LEFT JOIN fencegate_jobs AS j ON j.idempotency_key = i.idempotency_key
+ ORDER BY i.ord;
+
+-- name: lease_claim_one_kind
+-- One statement: fail the expired jobs that have no attempt left, grant leases on ready or
+-- expired jobs, close the expired attempts and open new ones. Expired leases first (they have
+-- waited longest; ties in id order), then queued work in id order, each from its own partial
+-- index; the queued scan only looks for (and locks) what is still missing.
+-- Tokens come from the one sequence and, within the batch, follow the job id: the n-th
+-- smallest id gets the n-th smallest token, whatever order the UPDATE visits its rows in.
+-- $1 owner, $2 the kind, $3 limit. The three claim queries differ only in the kind filter:
+-- one kind walks the (kind, id) index in order; several kinds or any kind walk (id).
+WITH exhausted AS (
+    UPDATE fencegate_jobs AS j
+       SET state = 'failed', lease_until = NULL, updated_at = now(),
+           error = to_jsonb(format('lease expired on attempt %s of %s', j.attempt,
+                                   j.max_attempts))
+     WHERE j.id IN (SELECT id FROM fencegate_jobs
+                     WHERE state = 'running' AND lease_until < now()
+                       AND attempt >= max_attempts AND kind = $2::text
+                       FOR UPDATE SKIP LOCKED)
+    RETURNING j.fencing_token, j.error
+),
+expired AS (
+    SELECT id, fencing_token AS previous_token,
+           to_jsonb(format('lease expired on attempt %s of %s', attempt, max_attempts))
+               AS expiry_error
+      FROM fencegate_jobs
+     WHERE state = 'running' AND lease_until < now() AND attempt < max_attempts
+       AND kind = $2::text
+     ORDER BY lease_until, id
+     LIMIT $3
+       FOR UPDATE SKIP LOCKED
+),
+queued AS (
+    SELECT id, fencing_token AS previous_token, NULL::jsonb AS expiry_error
+      FROM fencegate_jobs
+     WHERE state = 'queued' AND run_after <= now() AND kind = $2::text
+     ORDER BY id
+     LIMIT $3 - (SELECT count(*) FROM expired)
+       FOR UPDATE SKIP LOCKED
+),
+numbered AS (
+    SELECT c.*, row_number() OVER (ORDER BY c.id) AS n
+      FROM (SELECT * FROM expired UNION ALL SELECT * FROM queued) AS c
+),
+tokens AS (
+    SELECT t.token, row_number() OVER (ORDER BY t.token) AS n
+      FROM (SELECT nextval('fencegate_fencing_tokens') AS token FROM numbered) AS t
+),
+granted AS (
+    UPDATE fencegate_jobs AS j
+       SET state = 'running', owner_id = $1, fencing_token = t.token,
+           lease_until = now() + make_interval(secs => j.lease_seconds),
+           heartbeat_at = now(), attempt = j.attempt + 1, updated_at = now(),
+           error = COALESCE(c.expiry_error, j.error)
+      FROM numbered AS c JOIN tokens AS t ON t.n = c.n
+     WHERE j.id = c.id
+    RETURNING j.*, c.previous_token, c.expiry_error
+),
+expired_attempts AS (
+    UPDATE fencegate_job_attempts AS a
+       SET ended_at = now(), outcome = 'lease_expired', error = e.error
+      FROM (SELECT fencing_token, error FROM exhausted
+            UNION ALL
+            SELECT previous_token, expiry_error FROM granted
+             WHERE expiry_error IS NOT NULL) AS e
+     WHERE a.fencing_token = e.fencing_token AND a.ended_at IS NULL
+),
+opened AS (
+    INSERT INTO fencegate_job_attempts (fencing_token, job_id, attempt, owner_id, claimed_at)
+    SELECT fencing_token, id, attempt, owner_id, now() FROM granted
+)
+SELECT id, kind, owner_id, fencing_token, lease_until, lease_seconds, heartbeat_seconds,
+       attempt, max_attempts, payload, idempotency_key, stage_timeout_seconds,
+       tool_timeout_seconds
+  FROM granted ORDER BY id;
+
+-- name: lease_claim_kinds
+-- lease_claim_one_kind for several kinds: $2 is an array.
+WITH exhausted AS (
+    UPDATE fencegate_jobs AS j
+       SET state = 'failed', lease_until = NULL, updated_at = now(),
+           error = to_jsonb(format('lease expired on attempt %s of %s', j.attempt,
+                                   j.max_attempts))
+     WHERE j.id IN (SELECT id FROM fencegate_jobs
+                     WHERE state = 'running' AND lease_until < now()
+                       AND attempt >= max_attempts AND kind = ANY($2::text[])
+                       FOR UPDATE SKIP LOCKED)
+    RETURNING j.fencing_token, j.error
+),
+expired AS (
+    SELECT id, fencing_token AS previous_token,
+           to_jsonb(format('lease expired on attempt %s of %s', attempt, max_attempts))
+               AS expiry_error
+      FROM fencegate_jobs
+     WHERE state = 'running' AND lease_until < now() AND attempt < max_attempts
+       AND kind = ANY($2::text[])
+     ORDER BY lease_until, id
+     LIMIT $3
+       FOR UPDATE SKIP LOCKED
+),
+queued AS (
+    SELECT id, fencing_token AS previous_token, NULL::jsonb AS expiry_error
+      FROM fencegate_jobs
+     WHERE state = 'queued' AND run_after <= now() AND kind = ANY($2::text[])
+     ORDER BY id
+     LIMIT $3 - (SELECT count(*) FROM expired)
+       FOR UPDATE SKIP LOCKED
+),
+numbered AS (
+    SELECT c.*, row_number() OVER (ORDER BY c.id) AS n
+      FROM (SELECT * FROM expired UNION ALL SELECT * FROM queued) AS c
+),
+tokens AS (
+    SELECT t.token, row_number() OVER (ORDER BY t.token) AS n
+      FROM (SELECT nextval('fencegate_fencing_tokens') AS token FROM numbered) AS t
+),
+granted AS (
+    UPDATE fencegate_jobs AS j
+       SET state = 'running', owner_id = $1, fencing_token = t.token,
+           lease_until = now() + make_interval(secs => j.lease_seconds),
+           heartbeat_at = now(), attempt = j.attempt + 1, updated_at = now(),
+           error = COALESCE(c.expiry_error, j.error)
+      FROM numbered AS c JOIN tokens AS t ON t.n = c.n
+     WHERE j.id = c.id
+    RETURNING j.*, c.previous_token, c.expiry_error
+),
+expired_attempts AS (
+    UPDATE fencegate_job_attempts AS a
+       SET ended_at = now(), outcome = 'lease_expired', error = e.error
+      FROM (SELECT fencing_token, error FROM exhausted
+            UNION ALL
+            SELECT previous_token, expiry_error FROM granted
+             WHERE expiry_error IS NOT NULL) AS e
+     WHERE a.fencing_token = e.fencing_token AND a.ended_at IS NULL
+),
+opened AS (
+    INSERT INTO fencegate_job_attempts (fencing_token, job_id, attempt, owner_id, claimed_at)
+    SELECT fencing_token, id, attempt, owner_id, now() FROM granted
+)
+SELECT id, kind, owner_id, fencing_token, lease_until, lease_seconds, heartbeat_seconds,
+       attempt, max_attempts, payload, idempotency_key, stage_timeout_seconds,
+       tool_timeout_seconds
+  FROM granted ORDER BY id;
+
+-- name: lease_claim_any
+-- lease_claim_one_kind for any kind: $2 is NULL (kept so all three take the same arguments).
+WITH exhausted AS (
+    UPDATE fencegate_jobs AS j
+       SET state = 'failed', lease_until = NULL, updated_at = now(),
+           error = to_jsonb(format('lease expired on attempt %s of %s', j.attempt,
+                                   j.max_attempts))
+     WHERE j.id IN (SELECT id FROM fencegate_jobs
+                     WHERE state = 'running' AND lease_until < now()
+                       AND attempt >= max_attempts AND $2::text[] IS NULL
+                       FOR UPDATE SKIP LOCKED)
+    RETURNING j.fencing_token, j.error
+),
+expired AS (
+    SELECT id, fencing_token AS previous_token,
+           to_jsonb(format('lease expired on attempt %s of %s', attempt, max_attempts))
+               AS expiry_error
+      FROM fencegate_jobs
+     WHERE state = 'running' AND lease_until < now() AND attempt < max_attempts
+       AND $2::text[] IS NULL
+     ORDER BY lease_until, id
+     LIMIT $3
+       FOR UPDATE SKIP LOCKED
+),
+queued AS (
+    SELECT id, fencing_token AS previous_token, NULL::jsonb AS expiry_error
+      FROM fencegate_jobs
+     WHERE state = 'queued' AND run_after <= now() AND $2::text[] IS NULL
+     ORDER BY id
+     LIMIT $3 - (SELECT count(*) FROM expired)
+       FOR UPDATE SKIP LOCKED
+),
+numbered AS (
+    SELECT c.*, row_number() OVER (ORDER BY c.id) AS n
+      FROM (SELECT * FROM expired UNION ALL SELECT * FROM queued) AS c
+),
+tokens AS (
+    SELECT t.token, row_number() OVER (ORDER BY t.token) AS n
+      FROM (SELECT nextval('fencegate_fencing_tokens') AS token FROM numbered) AS t
+),
+granted AS (
+    UPDATE fencegate_jobs AS j
+       SET state = 'running', owner_id = $1, fencing_token = t.token,
+           lease_until = now() + make_interval(secs => j.lease_seconds),
+           heartbeat_at = now(), attempt = j.attempt + 1, updated_at = now(),
+           error = COALESCE(c.expiry_error, j.error)
+      FROM numbered AS c JOIN tokens AS t ON t.n = c.n
+     WHERE j.id = c.id
+    RETURNING j.*, c.previous_token, c.expiry_error
+),
+expired_attempts AS (
+    UPDATE fencegate_job_attempts AS a
+       SET ended_at = now(), outcome = 'lease_expired', error = e.error
+      FROM (SELECT fencing_token, error FROM exhausted
+            UNION ALL
+            SELECT previous_token, expiry_error FROM granted
+             WHERE expiry_error IS NOT NULL) AS e
+     WHERE a.fencing_token = e.fencing_token AND a.ended_at IS NULL
+),
+opened AS (
+    INSERT INTO fencegate_job_attempts (fencing_token, job_id, attempt, owner_id, claimed_at)
+    SELECT fencing_token, id, attempt, owner_id, now() FROM granted
+)
+SELECT id, kind, owner_id, fencing_token, lease_until, lease_seconds, heartbeat_seconds,
+       attempt, max_attempts, payload, idempotency_key, stage_timeout_seconds,
+       tool_timeout_seconds
+  FROM granted ORDER BY id;
+
+-- name: lease_extend_many
+-- j.id = ANY($1) lets the planner use the primary key before joining the unnest.
+UPDATE fencegate_jobs AS j
+   SET lease_until = now() + make_interval(secs => j.lease_seconds), heartbeat_at = now(),
+       updated_at = now()
+  FROM unnest($1::bigint[], $2::text[], $3::bigint[]) AS i(id, owner_id, fencing_token)
+ WHERE j.id = ANY($1::bigint[]) AND j.id = i.id AND j.state = 'running'
+   AND j.owner_id = i.owner_id AND j.fencing_token = i.fencing_token AND j.lease_until > now()
+RETURNING j.id, j.fencing_token, j.lease_until;
+
+-- name: lease_complete_many
+-- Results arrive as JSON text, not jsonb[]: asyncpg would read a list result as a nested
+-- array.
+WITH input AS (
+    SELECT * FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::text[])
+           AS t(id, owner_id, fencing_token, result)
+),
+done AS (
+    UPDATE fencegate_jobs AS j
+       SET state = 'succeeded', result = i.result::jsonb, error = NULL, lease_until = NULL,
+           updated_at = now()
+      FROM input AS i
+     WHERE j.id = ANY($1::bigint[]) AND j.id = i.id AND j.state = 'running'
+       AND j.owner_id = i.owner_id AND j.fencing_token = i.fencing_token
+       AND j.lease_until > now()
+    RETURNING j.id, j.fencing_token
+),
+ended AS (
+    UPDATE fencegate_job_attempts AS a
+       SET ended_at = now(), outcome = 'succeeded'
+      FROM done
+     WHERE a.fencing_token = ANY($3::bigint[]) AND a.fencing_token = done.fencing_token
+)
+SELECT id FROM done;
+
+-- name: lease_fail_many
+-- Each row is matched on its own id, owner, token and live lease. retry_in NULL: the job
+-- fails for good (owner kept, for the record); otherwise it is queued again after retry_in
+-- seconds.
+WITH input AS (
+    SELECT * FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::text[], $5::float8[])
+           AS t(id, owner_id, fencing_token, error, retry_in)
+),
+ended AS (
+    UPDATE fencegate_jobs AS j
+       SET state = CASE WHEN i.retry_in IS NULL THEN 'failed' ELSE 'queued' END,
+           run_after = CASE WHEN i.retry_in IS NULL
+                            THEN j.run_after ELSE now() + make_interval(secs => i.retry_in) END,
+           owner_id = CASE WHEN i.retry_in IS NULL THEN j.owner_id END,
+           error = i.error::jsonb, lease_until = NULL, updated_at = now()
+      FROM input AS i
+     WHERE j.id = ANY($1::bigint[]) AND j.id = i.id AND j.state = 'running'
+       AND j.owner_id = i.owner_id AND j.fencing_token = i.fencing_token
+       AND j.lease_until > now()
+    RETURNING j.id, j.fencing_token, j.state, i.error
+),
+closed AS (
+    UPDATE fencegate_job_attempts AS a
+       SET ended_at = now(), error = e.error::jsonb,
+           outcome = CASE WHEN e.state = 'failed' THEN 'failed' ELSE 'retry_scheduled' END
+      FROM ended AS e
+     WHERE a.fencing_token = ANY($3::bigint[]) AND a.fencing_token = e.fencing_token
+)
+SELECT id, fencing_token, state FROM ended;
+
+-- name: lease_release
+-- Released work is not a failure: the attempt is given back so it does not count.
+WITH released AS (
+    UPDATE fencegate_jobs
+       SET state = 'queued', owner_id = NULL, lease_until = NULL, attempt = attempt - 1,
+           run_after = now(), updated_at = now()
+     WHERE id = $1 AND state = 'running' AND owner_id = $2 AND fencing_token = $3
+       AND lease_until > now()
+    RETURNING fencing_token
+),
+closed AS (
+    UPDATE fencegate_job_attempts AS a
+       SET ended_at = now(), outcome = 'released'
+      FROM released AS r
+     WHERE a.fencing_token = $3 AND a.fencing_token = r.fencing_token
+)
+SELECT count(*) FROM released;
+
+-- name: lease_cancel
+-- found = 0: no such job; cancelled = 0: it had already finished.
+WITH target AS (
+    SELECT id, state, fencing_token FROM fencegate_jobs WHERE id = $1 FOR UPDATE
+),
+cancelled AS (
+    UPDATE fencegate_jobs AS j
+       SET state = 'cancelled', lease_until = NULL, error = $2::text::jsonb,
+           updated_at = now()
+      FROM target AS t
+     WHERE j.id = t.id AND t.state IN ('queued', 'running')
+    RETURNING t.state AS previous_state, t.fencing_token
+),
+closed AS (
+    UPDATE fencegate_job_attempts AS a
+       SET ended_at = now(), outcome = 'cancelled', error = $2::text::jsonb
+      FROM cancelled AS c
+     WHERE c.previous_state = 'running'
+       AND a.fencing_token = (SELECT fencing_token FROM target)
+       AND a.fencing_token = c.fencing_token AND a.ended_at IS NULL
+)
+SELECT (SELECT count(*) FROM target) AS found, (SELECT count(*) FROM cancelled) AS cancelled;
+
+-- name: lease_get_job
+SELECT id, kind, state, owner_id, lease_until, fencing_token, heartbeat_at, attempt,
+       max_attempts, run_after, idempotency_key, payload, result, error, lease_seconds,
+       heartbeat_seconds, jitter_seconds, stage_timeout_seconds, created_at, updated_at,
+       tool_timeout_seconds
+  FROM fencegate_jobs WHERE id = $1;
+
+-- name: lease_list_jobs
+SELECT id, kind, state, owner_id, lease_until, fencing_token, heartbeat_at, attempt,
+       max_attempts, run_after, idempotency_key, payload, result, error, lease_seconds,
+       heartbeat_seconds, jitter_seconds, stage_timeout_seconds, created_at, updated_at,
+       tool_timeout_seconds
+  FROM fencegate_jobs
+ WHERE ($1::text IS NULL OR state = $1) AND ($2::text IS NULL OR kind = $2)
+ ORDER BY id DESC
+ LIMIT $3;
+
+-- name: lease_attempts
+SELECT job_id, attempt, fencing_token, owner_id, claimed_at, ended_at, outcome, error
+  FROM fencegate_job_attempts WHERE job_id = $1 ORDER BY fencing_token;
+
+-- name: lease_stage_result
+SELECT job_id, name, idempotency_key, result, fencing_token, committed_at
+  FROM fencegate_job_stages WHERE job_id = $1 AND name = $2;
+
+-- name: lease_commit_stage_many
+-- Stages of one or several jobs. Each job row is held FOR SHARE (once, whatever number of
+-- its stages the batch carries) while the stages are written, so a concurrent reclaim cannot
+-- slip in between the ownership check and the insert. A stage already committed under the
+-- same token counts as committed (a retried call); under another token it does not.
+WITH input AS (
+    SELECT * FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::text[], $5::text[],
+                         $6::text[]) WITH ORDINALITY
+           AS t(id, owner_id, fencing_token, name, idempotency_key, result, ord)
+),
+holder AS (
+    SELECT j.id, j.fencing_token FROM fencegate_jobs AS j
+     WHERE j.id = ANY($1::bigint[]) AND j.state = 'running' AND j.lease_until > now()
+       AND EXISTS (SELECT 1 FROM input AS i WHERE i.id = j.id AND i.owner_id = j.owner_id
+                                              AND i.fencing_token = j.fencing_token)
+       FOR SHARE
+),
+inserted AS (
+    INSERT INTO fencegate_job_stages (job_id, name, idempotency_key, result, fencing_token)
+    SELECT i.id, i.name, i.idempotency_key, i.result::jsonb, h.fencing_token
+      FROM input AS i JOIN holder AS h ON h.id = i.id AND h.fencing_token = i.fencing_token
+    ON CONFLICT (job_id, name) DO NOTHING
+    RETURNING job_id, name
+)
+SELECT i.ord,
+       EXISTS (SELECT 1 FROM inserted AS n WHERE n.job_id = i.id AND n.name = i.name)
+    OR EXISTS (SELECT 1 FROM holder AS h JOIN fencegate_job_stages AS s
+                 ON s.job_id = h.id AND s.name = i.name AND s.fencing_token = h.fencing_token
+                WHERE h.id = i.id AND h.fencing_token = i.fencing_token) AS committed
+  FROM input AS i
+ ORDER BY i.ord;

@@ -1,0 +1,174 @@
+-- The lease queue's statements on SQLite (fencegate/lease/drivers/sqlite.py runs them by name,
+-- each write inside one BEGIN IMMEDIATE transaction). Times are epoch seconds from the
+-- database clock, read once per transaction (lease_now) and passed as :now, so that every
+-- comparison in it agrees. A row "held" by the presenter of a lease matches its id, state
+-- 'running', owner and token, with lease_until still in the future.
+-- :kinds is a JSON array of kinds, or NULL for any kind.
+-- Whether a failed attempt ends the job or is retried is decided once, by the queue
+-- (fencegate/lease/policy.py): here a NULL :retry_in means "failed for good".
+
+-- name: lease_now
+SELECT (julianday('now') - 2440587.5) * 86400.0;
+
+-- name: lease_ping
+SELECT 1;
+
+-- name: lease_enqueue
+-- Nothing comes back for a key that exists already: the driver then reads its id.
+INSERT INTO fencegate_jobs (kind, payload, idempotency_key, max_attempts, lease_seconds,
+    heartbeat_seconds, jitter_seconds, stage_timeout_seconds, tool_timeout_seconds, run_after,
+    created_at, updated_at)
+VALUES (:kind, :payload, :idempotency_key, :max_attempts, :lease_seconds, :heartbeat_seconds,
+    :jitter_seconds, :stage_timeout_seconds, :tool_timeout_seconds, :now + :run_after_seconds,
+    :now, :now)
+ON CONFLICT (idempotency_key) DO NOTHING
+RETURNING id;
+
+-- name: lease_job_by_key
+SELECT id FROM fencegate_jobs WHERE idempotency_key = :idempotency_key;
+
+-- name: lease_fail_exhausted
+-- Expired leases with no attempt left fail instead of going back to work.
+UPDATE fencegate_jobs
+   SET state = 'failed', lease_until = NULL, updated_at = :now,
+       error = json_quote('lease expired on attempt ' || attempt || ' of ' || max_attempts)
+ WHERE state = 'running' AND lease_until < :now AND attempt >= max_attempts
+   AND (:kinds IS NULL OR kind IN (SELECT value FROM json_each(:kinds)))
+RETURNING fencing_token, error;
+
+-- name: lease_claimable_expired
+-- Expired leases are taken first: they have waited longest (ties in id order).
+SELECT id, state, fencing_token, attempt, max_attempts,
+       json_quote('lease expired on attempt ' || attempt || ' of ' || max_attempts)
+           AS expiry_error
+  FROM fencegate_jobs
+ WHERE state = 'running' AND lease_until < :now AND attempt < max_attempts
+   AND (:kinds IS NULL OR kind IN (SELECT value FROM json_each(:kinds)))
+ ORDER BY lease_until, id
+ LIMIT :limit;
+
+-- name: lease_claimable_queued
+SELECT id, state, fencing_token, attempt, max_attempts, NULL AS expiry_error
+  FROM fencegate_jobs
+ WHERE state = 'queued' AND run_after <= :now
+   AND (:kinds IS NULL OR kind IN (SELECT value FROM json_each(:kinds)))
+ ORDER BY id
+ LIMIT :limit;
+
+-- name: lease_take_tokens
+-- A block of :count tokens from the one counter; the driver hands them out in job id order.
+UPDATE fencegate_sequences SET value = value + :count
+ WHERE name = 'fencing_token'
+RETURNING value;
+
+-- name: lease_grant
+UPDATE fencegate_jobs
+   SET state = 'running', owner_id = :owner_id, fencing_token = :token,
+       lease_until = :now + lease_seconds, heartbeat_at = :now, attempt = attempt + 1,
+       updated_at = :now, error = COALESCE(:expiry_error, error)
+ WHERE id = :id
+RETURNING id, kind, owner_id, fencing_token, lease_until, lease_seconds, heartbeat_seconds,
+          attempt, max_attempts, payload, idempotency_key, stage_timeout_seconds,
+          tool_timeout_seconds;
+
+-- name: lease_open_attempt
+INSERT INTO fencegate_job_attempts (fencing_token, job_id, attempt, owner_id, claimed_at)
+VALUES (:token, :id, :attempt, :owner_id, :now);
+
+-- name: lease_end_attempt
+UPDATE fencegate_job_attempts SET ended_at = :now, outcome = :outcome, error = :error
+ WHERE fencing_token = :token AND ended_at IS NULL;
+
+-- name: lease_extend
+UPDATE fencegate_jobs
+   SET lease_until = :now + lease_seconds, heartbeat_at = :now, updated_at = :now
+ WHERE id = :id AND state = 'running' AND owner_id = :owner_id AND fencing_token = :token
+   AND lease_until > :now
+RETURNING lease_until;
+
+-- name: lease_complete
+UPDATE fencegate_jobs
+   SET state = 'succeeded', result = :result, error = NULL, lease_until = NULL,
+       updated_at = :now
+ WHERE id = :id AND state = 'running' AND owner_id = :owner_id AND fencing_token = :token
+   AND lease_until > :now
+RETURNING fencing_token;
+
+-- name: lease_fail
+-- :retry_in NULL: the job fails for good (owner kept, for the record); otherwise it is
+-- queued again after :retry_in seconds.
+UPDATE fencegate_jobs
+   SET state = CASE WHEN :retry_in IS NULL THEN 'failed' ELSE 'queued' END,
+       run_after = CASE WHEN :retry_in IS NULL THEN run_after ELSE :now + :retry_in END,
+       owner_id = CASE WHEN :retry_in IS NULL THEN owner_id END,
+       error = :error, lease_until = NULL, updated_at = :now
+ WHERE id = :id AND state = 'running' AND owner_id = :owner_id AND fencing_token = :token
+   AND lease_until > :now
+RETURNING fencing_token, state;
+
+-- name: lease_release
+-- Released work is not a failure: the attempt is given back so it does not count.
+UPDATE fencegate_jobs
+   SET state = 'queued', owner_id = NULL, lease_until = NULL, attempt = attempt - 1,
+       run_after = :now, updated_at = :now
+ WHERE id = :id AND state = 'running' AND owner_id = :owner_id AND fencing_token = :token
+   AND lease_until > :now
+RETURNING fencing_token;
+
+-- name: lease_cancel_target
+SELECT state, fencing_token FROM fencegate_jobs WHERE id = :id;
+
+-- name: lease_cancel
+UPDATE fencegate_jobs
+   SET state = 'cancelled', lease_until = NULL, error = :error, updated_at = :now
+ WHERE id = :id;
+
+-- name: lease_get_job
+SELECT id, kind, state, owner_id, lease_until, fencing_token, heartbeat_at, attempt,
+       max_attempts, run_after, idempotency_key, payload, result, error, lease_seconds,
+       heartbeat_seconds, jitter_seconds, stage_timeout_seconds, created_at, updated_at,
+       tool_timeout_seconds
+  FROM fencegate_jobs WHERE id = :id;
+
+-- name: lease_list_jobs
+SELECT id, kind, state, owner_id, lease_until, fencing_token, heartbeat_at, attempt,
+       max_attempts, run_after, idempotency_key, payload, result, error, lease_seconds,
+       heartbeat_seconds, jitter_seconds, stage_timeout_seconds, created_at, updated_at,
+       tool_timeout_seconds
+  FROM fencegate_jobs
+ WHERE (:state IS NULL OR state = :state) AND (:kind IS NULL OR kind = :kind)
+ ORDER BY id DESC
+ LIMIT :limit;
+
+-- name: lease_attempts
+SELECT job_id, attempt, fencing_token, owner_id, claimed_at, ended_at, outcome, error
+  FROM fencegate_job_attempts WHERE job_id = :id ORDER BY fencing_token;
+
+-- name: lease_stage_result
+SELECT job_id, name, idempotency_key, result, fencing_token, committed_at
+  FROM fencegate_job_stages WHERE job_id = :id AND name = :name;
+
+-- name: lease_held
+SELECT 1 FROM fencegate_jobs
+ WHERE id = :id AND state = 'running' AND owner_id = :owner_id AND fencing_token = :token
+   AND lease_until > :now;
+
+-- name: lease_insert_stage
+INSERT INTO fencegate_job_stages
+    (job_id, name, idempotency_key, result, fencing_token, committed_at)
+VALUES (:id, :name, :idempotency_key, :result, :token, :now)
+ON CONFLICT (job_id, name) DO NOTHING
+RETURNING 1;
+
+-- name: lease_stage_is_mine
+-- A stage already committed under the same token counts as committed (a retried call);
+-- under another token it does not.
+SELECT 1 FROM fencegate_job_stages WHERE job_id = :id AND name = :name AND fencing_token = :token;
+
+-- name: lease_ready
+-- Claimable work exists (SQLite has no notifications: wait_for_work polls this).
+SELECT 1 FROM fencegate_jobs
+ WHERE ((state = 'queued' AND run_after <= :now)
+        OR (state = 'running' AND lease_until < :now))
+   AND (:kinds IS NULL OR kind IN (SELECT value FROM json_each(:kinds)))
+ LIMIT 1;
