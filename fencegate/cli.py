@@ -25,6 +25,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "fencegate.commands.trace",
         "one timeline of an entity or key: decisions, lease grants, tokens, fenced-off requests",
     ),
+    "console": (
+        "fencegate.commands.console",
+        "the operator's web console: overview, jobs, keys, traces, audited actions",
+    ),
     "demo": ("fencegate.commands.demo", "run the whole lease/fence story on the embedded store"),
     "sign": (
         "fencegate.commands.sign",

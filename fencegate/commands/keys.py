@@ -16,7 +16,7 @@ import shlex
 from pathlib import Path
 
 from fencegate.cli import CommandError
-from fencegate.commands.actions import key_fields, resolve_key, stored_answer
+from fencegate.commands.actions import key_fields, key_history, resolve_key, stored_answer
 from fencegate.commands.migrate import add_database_url, run_on_store
 from fencegate.commands.output import (
     add_actor,
@@ -127,8 +127,7 @@ async def _list(args: argparse.Namespace) -> Page:
 async def _history(args: argparse.Namespace) -> list[dict[str, object]]:
     inspector = await Inspector.open(args.database_url, timeout=args.timeout)
     try:
-        trace = await inspector.trace(args.key, tenant=args.tenant, timeout=args.timeout)
-        return [e for e in trace.events if e["source"] == "gateway" and e["key"] == args.key]
+        return await key_history(inspector, tenant=args.tenant, key=args.key, timeout=args.timeout)
     finally:
         await inspector.close()
 

@@ -8,7 +8,8 @@ tokens they carried — who sent which request, with which token, and which one 
 
 Actions (retry, cancel, purge jobs; resolve a key) are written to ``fencegate_audit`` with who
 did it, why, and the state before and after. Nothing here returns payloads, results or
-stored answers: ids, tokens, owners, times, states and outcomes.
+stored answers: ids, tokens, owners, times, states and outcomes. The one exception is
+``job_payload``, which only a console started with ``--show-payloads`` calls.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ _NAMES = (
     "jobs_purge",
     "audit",
     "audit_log",
+    "job_payload",
 )
 
 KEY_STATES = ("in_flight", "completed", "outcome_unknown", "unknown")
@@ -219,6 +221,17 @@ class Inspector:
         job["attempts"] = attempts
         job["stages"] = await self._rows("stages", job_id, timeout=timeout)
         return job
+
+    async def job_payload(self, job_id: int, *, timeout: float = 10.0) -> Row | None:
+        """A job's payload and result, decoded. Every other read leaves them out: only a
+        caller that was told to show payloads asks for them."""
+        rows = await self._rows("job_payload", job_id, timeout=timeout)
+        if not rows:
+            return None
+        return {
+            name: orjson.loads(value) if value is not None else None
+            for name, value in rows[0].items()
+        }
 
     async def overview(self, *, tenant: str | None = None, timeout: float = 10.0) -> Row:
         recent = await self._rows("recent_decisions", tenant, 3600.0, timeout=timeout)

@@ -136,3 +136,7 @@ SELECT id, extract(epoch FROM at)::float8 AS at, actor, action, tenant, subject,
     before::text AS before, after::text AS after
 FROM fencegate_audit WHERE ($1::text IS NULL OR tenant = $1 OR tenant IS NULL)
 ORDER BY id DESC LIMIT $2;
+
+-- name: job_payload
+-- Only for a console started with --show-payloads: what the job was given and what it returned.
+SELECT payload::text AS payload, result::text AS result FROM fencegate_jobs WHERE id = $1;

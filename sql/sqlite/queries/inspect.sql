@@ -113,3 +113,7 @@ VALUES ((julianday('now') - 2440587.5) * 86400.0, ?1, ?2, ?3, ?4, ?5, ?6, ?7);
 SELECT id, at, actor, action, tenant, subject, reason, before, after
 FROM fencegate_audit WHERE (?1 IS NULL OR tenant = ?1 OR tenant IS NULL)
 ORDER BY id DESC LIMIT ?2;
+
+-- name: job_payload
+-- Only for a console started with --show-payloads: what the job was given and what it returned.
+SELECT payload, result FROM fencegate_jobs WHERE id = ?1;
