@@ -1,21 +1,28 @@
 """Gateway throughput and latency, side by side in one run, then a profile of the gateway.
 
-    .venv/bin/python -m benchmarks.gateway [--concurrency 48] [--rounds 3] [--duration 3]
+    .venv/bin/python -m benchmarks.gateway [--concurrency 16,64] [--rounds 2] [--duration 3]
 
 Every server is its own uvicorn process (one worker) on loopback, and the load comes from
-another process (`benchmarks.loadgen`). Measured in rounds, each round in this order:
+another process (`benchmarks.loadgen`). For each concurrency, two tables, each measured in
+interleaved rounds:
 
-1. the upstream alone;
-2. a bare passthrough proxy on the same stack, with no store (`benchmarks.bare_proxy`);
-3. fencegate on SQLite, a new key and a fence on every request;
-4. fencegate on PostgreSQL, a new key and a fence on every request;
-5. fencegate on PostgreSQL, one key repeated (the replay path).
+The gateway (ratios to the bare proxy of the same round): the upstream alone; a bare
+passthrough proxy on the same stack, with no store (`benchmarks.bare_proxy`); fencegate on
+SQLite and on PostgreSQL with a new key and a fence on every request, on PostgreSQL also with
+the decision history switched off (its cost); and the replay path (one key repeated).
+The bars: PostgreSQL new keys (history on) >= 0.6x, replay >= 1.0x.
 
-The table shows medians over the rounds; a ratio is taken to the bare proxy of the same round,
-so a machine that is busy with something else for a while slows both sides of it. The bars:
-(4) >= 0.6x, (5) >= 1.0x. Then, unless ``--no-profile``, py-spy samples the PostgreSQL
-gateway under each load and prints where the time goes (by package, and the functions with
-the most samples of their own).
+The middleware (ratios to the app alone): one Starlette app (`benchmarks.peers`) behind
+`FenceGateMiddleware` (SQLite, PostgreSQL with and without history) and behind the
+Idempotency-Key middlewares a user might pick instead, new keys and replays. Before the
+rounds each one is checked on the app's own execution count (the same key twice runs once;
+eight concurrent copies of one key run once), and the verdict is printed on its rows: a
+fast middleware that runs a request twice is no comparison.
+
+The tables show medians over the rounds; a ratio is taken within each round, so a machine
+that is busy with something else for a while slows both sides of it. Then, unless
+``--no-profile``, py-spy samples the PostgreSQL gateway under load and prints where the time
+goes (by package, and the functions with the most samples of their own).
 """
 
 from __future__ import annotations
@@ -63,6 +70,7 @@ class Scenario:
     # Processes that work for this server and whose CPU counts toward each request.
     helper_pids: tuple[int, ...] = ()
     database: str | None = None  # PostgreSQL backends serving this database count too
+    note: str = ""  # printed as the last column (the middleware table: is it correct)
 
 
 @dataclass
@@ -278,14 +286,15 @@ def print_table(summaries: Sequence[Summary]) -> None:
         if r.errors:
             statuses += " errors:" + ",".join(f"{k}={v}" for k, v in r.errors.items())
         spread = f"{r.ratio_low:.2f}-{r.ratio_high:.2f}"
+        note = f"  [{r.scenario.note}]" if r.scenario.note else ""
         print(
             f"{r.scenario.name:<40} {r.rps:>7.0f} {r.p50_ms:>7.2f} {r.p99_ms:>7.2f} "
             f"{r.ratio:>6.2f}x {spread:>11} {r.cpu_percent:>6.0f} {r.cost_ms:>10.3f} "
-            f"{r.cost_ratio:>5.2f}x  {statuses}"
+            f"{r.cost_ratio:>5.2f}x  {statuses}{note}"
         )
     print()
     for r in summaries:
-        if r.scenario.bar is not None:
+        if r.scenario.bar is not None and r.scenario.bar > 0:
             verdict = "met" if r.ratio >= r.scenario.bar else "MISSED"
             print(f"bar {r.scenario.bar:.1f}x for {r.scenario.name}: {r.ratio:.2f}x, {verdict}")
     print("\nCPU ms per request, by process:")
@@ -504,19 +513,98 @@ def latency_breakdown(
 # ---------------------------------------------------------------------------- main
 
 
-async def _new_postgres_database(server: str) -> str:
+async def _new_postgres_database(server: str, *, migrated: bool = True) -> str:
     url = await postgres.create_database(server)
-    await migrate(url)
+    if migrated:
+        await migrate(url)
     return url
+
+
+@contextlib.contextmanager
+def peer_app(middleware: str, *extra: str) -> Iterator[tuple[str, int]]:
+    """`benchmarks.peers`: the same Starlette app behind one Idempotency-Key middleware."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.peers", "--middleware", middleware, *extra,
+         "--port", str(port)],
+        cwd=REPO_ROOT,
+    )  # fmt: skip
+    try:
+        wait_for_port(port, timeout=30)
+        yield f"http://127.0.0.1:{port}", proc.pid
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+async def _correctness(url: str) -> str:
+    """The two things an Idempotency-Key middleware is for, checked on the app's own count:
+    the same key sent twice runs once (and the second answer is a replay), and eight
+    concurrent copies of one key run once."""
+    import aiohttp
+
+    headers = {"content-type": "application/json"}
+    async with aiohttp.ClientSession() as session:
+
+        async def post(key: str, query: str = "") -> tuple[int, bool]:
+            async with session.post(
+                f"{url}/charges{query}", data=BODY, headers={**headers, "Idempotency-Key": key}
+            ) as response:
+                await response.read()
+                replayed = any(
+                    response.headers.get(h) == "true"
+                    for h in ("Idempotent-Replayed", "Idempotency-Replayed")
+                )
+                return response.status, replayed
+
+        async def executed(key: str) -> int:
+            async with session.get(f"{url}/_count", params={"key": key}) as response:
+                return int((await response.json())["count"])
+
+        run = os.urandom(6).hex()
+        await post(f"check:{run}:twice")
+        second = await post(f"check:{run}:twice")
+        twice = await executed(f"check:{run}:twice")
+        copies = await asyncio.gather(
+            *(post(f"check:{run}:copies", "?delay=0.3") for _ in range(8))
+        )
+        concurrent = await executed(f"check:{run}:copies")
+    verdict = "ok" if twice == 1 and concurrent == 1 else "WRONG"
+    statuses = collections.Counter(status for status, _ in copies)
+    return (
+        f"{verdict}: twice ran {twice}x, 2nd {second[0]}{' replayed' if second[1] else ''}; "
+        f"8 concurrent ran {concurrent}x "
+        f"({' '.join(f'{k}:{v}' for k, v in sorted(statuses.items()))})"
+    )
+
+
+def run_rounds(
+    scenarios: Sequence[Scenario], *, concurrency: int, rounds: int, duration: float,
+    warmup: float,
+) -> list[list[Result]]:  # fmt: skip
+    return [
+        [measure(s, concurrency=concurrency, duration=duration, warmup=warmup) for s in scenarios]
+        for _ in range(rounds)
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="fencegate gateway benchmark")
-    parser.add_argument("--concurrency", type=int, default=48)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--concurrency",
+        type=lambda text: [int(c) for c in text.split(",")],
+        default=[16, 64],
+        help="comma-separated connection counts, one table each (16,64)",
+    )
+    parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--duration", type=float, default=3.0)
     parser.add_argument("--warmup", type=float, default=1.0)
     parser.add_argument("--no-profile", action="store_true")
+    parser.add_argument("--no-peers", action="store_true", help="skip the middleware table")
     parser.add_argument("--profile-seconds", type=float, default=6.0)
     parser.add_argument(
         "--native", action="store_true", help="sample native frames too (syscalls, GC)"
@@ -528,9 +616,14 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fencegate-bench-")))
         server = postgres.server_url()
-        pg_url = asyncio.run(_new_postgres_database(server))
-        pg_database = urlsplit(pg_url).path.lstrip("/")
-        stack.callback(lambda: asyncio.run(postgres.drop_database(server, pg_url)))
+
+        def new_database(*, migrated: bool = True) -> tuple[str, str]:
+            url = asyncio.run(_new_postgres_database(server, migrated=migrated))
+            stack.callback(lambda: asyncio.run(postgres.drop_database(server, url)))
+            return url, urlsplit(url).path.lstrip("/")
+
+        pg_url, pg_database = new_database()
+        nohist_url, nohist_database = new_database()
         sqlite_url = f"sqlite:///{tmp / 'fencegate.db'}"
         asyncio.run(migrate(sqlite_url))
 
@@ -540,57 +633,85 @@ def main(argv: list[str] | None = None) -> int:
             GatewayProcess(upstream=upstream.url, database_url=sqlite_url)
         )
         gw_pg = stack.enter_context(GatewayProcess(upstream=upstream.url, database_url=pg_url))
-
-        scenarios = [
-            Scenario("upstream alone", upstream.url, "new-keys", upstream.pid),
-            Scenario(
-                "bare proxy (no store)", bare_url, "new-keys", bare_pid, None, (upstream.pid,)
-            ),
-            Scenario(
-                "fencegate SQLite, new key + fence",
-                gw_sqlite.url,
-                "new-keys",
-                gw_sqlite.pid,
-                None,
-                (upstream.pid,),
-            ),
-            Scenario(
-                "fencegate PostgreSQL, new key + fence",
-                gw_pg.url,
-                "new-keys",
-                gw_pg.pid,
-                0.6,
-                (upstream.pid,),
-                pg_database,
-            ),
-            Scenario(
-                "fencegate PostgreSQL, replay",
-                gw_pg.url,
-                "replay",
-                gw_pg.pid,
-                1.0,
-                (upstream.pid,),
-                pg_database,
-            ),
-        ]
-        print(
-            f"concurrency {args.concurrency}; {args.rounds} interleaved rounds of "
-            f"{args.warmup:g} s warm-up + {args.duration:g} s measured per scenario; "
-            f"{os.cpu_count()} CPUs; one POST of {len(BODY)} bytes per request\n"
-        )
-        rounds = []
-        for _ in range(args.rounds):
-            rounds.append(
-                [
-                    measure(
-                        s, concurrency=args.concurrency, duration=args.duration, warmup=args.warmup
-                    )
-                    for s in scenarios
-                ]
+        gw_nohist = stack.enter_context(
+            GatewayProcess(
+                upstream=upstream.url,
+                database_url=nohist_url,
+                extra_args=["--no-decision-history"],
             )
-        print_table(summarize(rounds, baseline_index=1))
+        )
+        up = (upstream.pid,)
+        gateway = [
+            Scenario("upstream alone", upstream.url, "new-keys", upstream.pid),
+            Scenario("bare proxy (no store)", bare_url, "new-keys", bare_pid, None, up),
+            Scenario("fencegate SQLite, new key + fence", gw_sqlite.url, "new-keys",
+                     gw_sqlite.pid, None, up),
+            Scenario("fencegate PG, new key + fence", gw_pg.url, "new-keys", gw_pg.pid, 0.6,
+                     up, pg_database),
+            Scenario("fencegate PG, new key, no history", gw_nohist.url, "new-keys",
+                     gw_nohist.pid, None, up, nohist_database),
+            Scenario("fencegate PG, replay", gw_pg.url, "replay", gw_pg.pid, 1.0, up,
+                     pg_database),
+        ]  # fmt: skip
+
+        peers: list[Scenario] = []
+        if not args.no_peers:
+            mw_pg_url, mw_pg_database = new_database()
+            mw_nohist_url, mw_nohist_database = new_database()
+            tortoise_url, tortoise_database = new_database(migrated=False)
+            peer_specs: list[tuple[str, str, tuple[str, ...], str | None]] = [
+                ("app alone (no middleware)", "none", (), None),
+                ("fencegate mw SQLite", "fencegate",
+                 ("--database-url", f"sqlite:///{tmp / 'middleware.db'}"), None),
+                ("fencegate mw PG", "fencegate", ("--database-url", mw_pg_url),
+                 mw_pg_database),
+                ("fencegate mw PG, no history", "fencegate",
+                 ("--database-url", mw_nohist_url, "--no-decision-history"),
+                 mw_nohist_database),
+                ("fastapi-idempotency-key (Redis)", "fastapi-idempotency-key", (), None),
+                ("asgi-idempotency-header (Redis)", "asgi-idempotency-header", (), None),
+                ("fastapi-idempotency (PG, Tortoise)", "fastapi-idempotency",
+                 ("--database-url", tortoise_url), tortoise_database),
+            ]  # fmt: skip
+            for name, middleware, extra, database in peer_specs:
+                try:
+                    url, pid = stack.enter_context(peer_app(middleware, *extra))
+                except Exception as exc:
+                    print(f"{name}: could not be started ({exc}); left out")
+                    continue
+                note = "" if middleware == "none" else asyncio.run(_correctness(url))
+                for mode in ("new-keys", "replay"):
+                    if middleware == "none" and mode == "replay":
+                        continue
+                    label = name if middleware == "none" else f"{name}, {mode}"
+                    peers.append(Scenario(label, url, mode, pid, None, (), database, note))
+
+        print(
+            f"{args.rounds} interleaved rounds of {args.warmup:g} s warm-up + "
+            f"{args.duration:g} s measured per scenario; {os.cpu_count()} CPUs; one POST of "
+            f"{len(BODY)} bytes per request; new keys: a new Idempotency-Key and a fence on "
+            f"every request; replay: one key repeated"
+        )
+        for concurrency in args.concurrency:
+            print(f"\n=== gateway, concurrency {concurrency} (x bare: to the bare proxy) ===")
+            rounds = run_rounds(
+                gateway, concurrency=concurrency, rounds=args.rounds,
+                duration=args.duration, warmup=args.warmup,
+            )  # fmt: skip
+            print_table(summarize(rounds, baseline_index=1))
+            if peers:
+                print(
+                    f"\n=== middleware in one Starlette app, concurrency {concurrency} "
+                    f"(x bare: to the app alone) ==="
+                )
+                rounds = run_rounds(
+                    peers, concurrency=concurrency, rounds=args.rounds,
+                    duration=args.duration, warmup=args.warmup,
+                )  # fmt: skip
+                print_table(summarize(rounds, baseline_index=0))
 
         if args.no_profile:
+            print(f"\ntotal {time.monotonic() - started:.0f} s")
             return 0
         py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
         if not Path(py_spy).exists():
@@ -598,13 +719,13 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         out_dir = args.profile_dir or tmp
         out_dir.mkdir(parents=True, exist_ok=True)
-        for scenario in scenarios[3:]:
+        for scenario in (gateway[3], gateway[5]):
             scraped = scrape_latency(scenario.url)
             raw, load = profile(
                 scenario,
                 py_spy=py_spy,
                 out_dir=out_dir,
-                concurrency=args.concurrency,
+                concurrency=max(args.concurrency),
                 duration=args.profile_seconds,
                 native=args.native,
                 warmup=args.warmup,

@@ -68,10 +68,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="apply the SQL migrations on start (default: yes for SQLite, no for PostgreSQL); "
         "env FENCEGATE_MIGRATE",
     )
+    parser.add_argument(
+        "--decision-history",
+        dest="decision_history",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="keep one history row per decision, written in the decision's own transaction "
+        "(default: yes); env FENCEGATE_DECISION_HISTORY",
+    )
 
 
 def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
-    names = [dest for _, dest, _, _ in _OPTIONS] + ["migrate"]
+    names = [dest for _, dest, _, _ in _OPTIONS] + ["migrate", "decision_history"]
     return {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
 
 

@@ -94,6 +94,7 @@ class GatewayApplication:
             settings.database_url,
             run_migrations=settings.migrate,
             pool_max_size=settings.store_pool_size,
+            history=settings.decision_history,
         )
         await require_schema(
             self.store, database_url=settings.database_url, timeout=settings.store_timeout

@@ -38,6 +38,12 @@ class JsonFormatter(logging.Formatter):
 def configure_logging(level: str, log_format: LogFormat = "text") -> None:
     """Root handler on stderr; ``force`` so that a worker process that inherited a
     configuration gets exactly this one."""
+    # Neither format shows the process, thread or source line: not looking them up saves a
+    # getpid() call and a walk up the stack on every record (one per decision).
+    logging.logProcesses = False
+    logging.logThreads = False
+    logging.logMultiprocessing = False
+    logging._srcfile = None
     handler = logging.StreamHandler(sys.stderr)
     if log_format == "json":
         handler.setFormatter(JsonFormatter())

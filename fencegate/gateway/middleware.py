@@ -45,10 +45,12 @@ class FenceGateMiddleware:
         inflight_lease_seconds: float = 30.0,
         store_timeout: float = 2.0,
         metrics: GatewayMetrics | None = None,
+        decision_history: bool = True,
     ) -> None:
         """``store`` is used as given (the caller closes it); otherwise the store named by
         ``database_url`` (default SQLite ``./fencegate.db``) is opened on first use and
-        closed at lifespan shutdown."""
+        closed at lifespan shutdown. ``decision_history`` keeps one history row per
+        decision in the store this opens (a given store keeps its own setting)."""
         self.app = app
         self._database_url = database_url
         self._owns_store = store is None
@@ -57,6 +59,7 @@ class FenceGateMiddleware:
         self._authenticator = authenticator
         self._lease_seconds = inflight_lease_seconds
         self._store_timeout = store_timeout
+        self._history = decision_history
         self.metrics = metrics or GatewayMetrics()
         self._pipeline: Pipeline | None = None
         self._opening = asyncio.Lock()
@@ -97,7 +100,9 @@ class FenceGateMiddleware:
         async with self._opening:
             if self._pipeline is None:
                 if self._store is None:
-                    self._store = await open_gateway_store(self._database_url)
+                    self._store = await open_gateway_store(
+                        self._database_url, history=self._history
+                    )
                 engine = Engine(
                     self._store,
                     lease_seconds=self._lease_seconds,

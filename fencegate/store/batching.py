@@ -42,26 +42,40 @@ class Batcher(Generic[I, R]):
             self._start()
         return await future
 
+    def _take(self) -> list[tuple[I, float, asyncio.Future[R]]]:
+        """The next batch to send; calls whose deadline has passed fail here, unsent."""
+        while self._pending:
+            batch = self._pending[: self._max_batch]
+            del self._pending[: self._max_batch]
+            now = time.monotonic()
+            live = []
+            for entry in batch:
+                if entry[1] <= now:
+                    if not entry[2].done():
+                        entry[2].set_exception(StoreUnavailable("no answer in time (queued)"))
+                else:
+                    live.append(entry)
+            if live:
+                return live
+        return []
+
     def _start(self) -> None:
-        batch = self._pending[: self._max_batch]
-        del self._pending[: self._max_batch]
-        now = time.monotonic()
-        live = []
-        for entry in batch:
-            if entry[1] <= now:
-                if not entry[2].done():
-                    entry[2].set_exception(StoreUnavailable("no answer in time (queued)"))
-            else:
-                live.append(entry)
+        live = self._take()
         if not live:
-            if self._pending and len(self._in_flight) < self._max_in_flight:
-                self._start()
             return
         task = asyncio.get_running_loop().create_task(self._send(live))
         self._in_flight.add(task)
         task.add_done_callback(self._done)
 
     async def _send(self, batch: list[tuple[I, float, asyncio.Future[R]]]) -> None:
+        # What queued up while a batch ran goes next from this same task: a new task, and
+        # the done callback that would start it, each wait for another turn of the event
+        # loop, which under load is busy with every other request's I/O.
+        while batch:
+            await self._send_one(batch)
+            batch = self._take()
+
+    async def _send_one(self, batch: list[tuple[I, float, asyncio.Future[R]]]) -> None:
         timeout = min(deadline for _, deadline, _ in batch) - time.monotonic()
         try:
             results = await self._run([item for item, _, _ in batch], max(timeout, 0.0))
