@@ -17,7 +17,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from fencegate.console import actions, pages, signin
+from fencegate.console import actions, metrics, pages, signin
 from fencegate.console.auth import ConsoleToken, SessionSigner, TokenSet, load_tokens
 from fencegate.console.web import Console, Problem, problem_response, signed_in, templates
 
@@ -105,6 +105,7 @@ def create_console_app(
         Route("/key/resolve", signed_in(actions.resolve), methods=["POST"]),
         Route("/trace", signed_in(pages.trace), methods=["GET"]),
         Route("/audit", signed_in(pages.audit), methods=["GET"]),
+        Route("/metrics", signed_in(metrics.metrics), methods=["GET"]),
         Mount("/static", StaticFiles(packages=[("fencegate.console", "static")]), name="static"),
     ]
     app = Starlette(

@@ -27,6 +27,7 @@ slot that frees does not wait for a round trip. Leases held at once are bounded:
 from __future__ import annotations
 
 import asyncio
+import sys
 import collections
 import contextlib
 import logging
@@ -124,7 +125,9 @@ class Worker:
         self.concurrency = concurrency
         self.work_classes = list(work_classes)
         self.signer = signer
-        self.events = events if events is not None else EventLog()
+        # By default every event is a JSON line on stderr, where a process supervisor or a
+        # log shipper picks it up; EventLog() keeps them in memory only.
+        self.events = events if events is not None else EventLog(sys.stderr)
         self.metrics = metrics if metrics is not None else default_metrics()
         self.grace_seconds = grace_seconds
         self.ownership_margin_seconds = ownership_margin_seconds

@@ -51,6 +51,7 @@ _NAMES = (
     "audit",
     "audit_log",
     "job_payload",
+    "ownership_by_kind",
 )
 
 KEY_STATES = ("in_flight", "completed", "outcome_unknown", "unknown")
@@ -251,6 +252,11 @@ class Inspector:
             "decisions_last_hour": counts,
             "stale_fence_rate": (counts.get("stale", 0) / total) if total else 0.0,
         }
+
+    async def ownership(self, *, timeout: float = 10.0) -> list[Row]:
+        """By work class: queued, running, expired (lease ran out, not yet reclaimed),
+        reclaimed, the smallest remaining lease and the oldest heartbeat among running."""
+        return await self._rows("ownership_by_kind", timeout=timeout)
 
     async def trace(
         self, subject: str, *, tenant: str | None, limit: int = 1000, timeout: float = 10.0

@@ -140,3 +140,20 @@ ORDER BY id DESC LIMIT $2;
 -- name: job_payload
 -- Only for a console started with --show-payloads: what the job was given and what it returned.
 SELECT payload::text AS payload, result::text AS result FROM fencegate_jobs WHERE id = $1;
+
+-- name: ownership_by_kind
+-- The seed's ownership gauges, by work class, read from the queue itself: the console and a
+-- Prometheus scrape see the same numbers.
+SELECT kind,
+    count(*) FILTER (WHERE state = 'queued')::bigint AS queued,
+    count(*) FILTER (WHERE state = 'running')::bigint AS running,
+    count(*) FILTER (WHERE state = 'running' AND lease_until <= now())::bigint AS expired,
+    min(extract(epoch FROM lease_until - now())) FILTER (
+        WHERE state = 'running' AND lease_until > now())::float8 AS lease_remaining_min,
+    max(extract(epoch FROM now() - heartbeat_at)) FILTER (
+        WHERE state = 'running')::float8 AS heartbeat_age_max,
+    (SELECT count(*) FROM fencegate_job_attempts a
+     WHERE a.outcome = 'lease_expired'
+        AND a.job_id IN (SELECT id FROM fencegate_jobs k WHERE k.kind = j.kind))::bigint
+        AS reclaimed
+FROM fencegate_jobs j GROUP BY kind ORDER BY kind;

@@ -117,3 +117,19 @@ ORDER BY id DESC LIMIT ?2;
 -- name: job_payload
 -- Only for a console started with --show-payloads: what the job was given and what it returned.
 SELECT payload, result FROM fencegate_jobs WHERE id = ?1;
+
+-- name: ownership_by_kind
+SELECT kind,
+    count(*) FILTER (WHERE state = 'queued') AS queued,
+    count(*) FILTER (WHERE state = 'running') AS running,
+    count(*) FILTER (WHERE state = 'running'
+        AND lease_until <= (julianday('now') - 2440587.5) * 86400.0) AS expired,
+    min(lease_until - (julianday('now') - 2440587.5) * 86400.0) FILTER (
+        WHERE state = 'running'
+            AND lease_until > (julianday('now') - 2440587.5) * 86400.0) AS lease_remaining_min,
+    max((julianday('now') - 2440587.5) * 86400.0 - heartbeat_at) FILTER (
+        WHERE state = 'running') AS heartbeat_age_max,
+    (SELECT count(*) FROM fencegate_job_attempts a
+     WHERE a.outcome = 'lease_expired'
+        AND a.job_id IN (SELECT id FROM fencegate_jobs k WHERE k.kind = j.kind)) AS reclaimed
+FROM fencegate_jobs j GROUP BY kind ORDER BY kind;
