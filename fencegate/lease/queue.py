@@ -375,14 +375,18 @@ class LeaseQueue:
         state: JobState | None = None,
         kind: str | None = None,
         limit: int = 100,
+        before: int | None = None,
         timeout: float = DEFAULT_TIMEOUT,
     ) -> list[Job]:
-        """Newest first."""
+        """Newest first, a page at a time: pass the last id of a page as ``before`` for the
+        next one."""
         if state is not None and state not in JOB_STATES:
             raise ValueError(f"unknown job state {state!r}; one of {', '.join(JOB_STATES)}")
         if limit < 1:
             raise ValueError(f"limit {limit} must be at least 1")
-        return await self._driver.list_jobs(state=state, kind=kind, limit=limit, timeout=timeout)
+        return await self._driver.list_jobs(
+            state=state, kind=kind, limit=limit, before=before, timeout=timeout
+        )
 
     async def attempts(self, job_id: int, *, timeout: float = DEFAULT_TIMEOUT) -> list[Attempt]:
         """Every lease ever granted on a job, oldest first."""

@@ -27,13 +27,13 @@ slot that frees does not wait for a round trip. Leases held at once are bounded:
 from __future__ import annotations
 
 import asyncio
-import sys
 import collections
 import contextlib
 import logging
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 import uuid

@@ -56,7 +56,13 @@ class Driver(Protocol):
     async def get(self, job_id: int, *, timeout: float) -> Job | None: ...
 
     async def list_jobs(
-        self, *, state: JobState | None, kind: str | None, limit: int, timeout: float
+        self,
+        *,
+        state: JobState | None,
+        kind: str | None,
+        limit: int,
+        before: int | None = None,
+        timeout: float,
     ) -> list[Job]: ...
 
     async def attempts(self, job_id: int, *, timeout: float) -> list[Attempt]: ...

@@ -362,10 +362,17 @@ class PostgresDriver:
         return None if row is None else _job(row)
 
     async def list_jobs(
-        self, *, state: JobState | None, kind: str | None, limit: int, timeout: float
+        self,
+        *,
+        state: JobState | None,
+        kind: str | None,
+        limit: int,
+        before: int | None = None,
+        timeout: float,
     ) -> list[Job]:
         rows = await self._run(
-            lambda conn: conn.fetch(Q.lease_list_jobs, state, kind, limit), timeout=timeout
+            lambda conn: conn.fetch(Q.lease_list_jobs, state, kind, limit, before),
+            timeout=timeout,
         )
         return [_job(row) for row in rows]
 

@@ -381,9 +381,15 @@ class SQLiteDriver:
         return None if row is None else _job(row)
 
     async def list_jobs(
-        self, *, state: JobState | None, kind: str | None, limit: int, timeout: float
+        self,
+        *,
+        state: JobState | None,
+        kind: str | None,
+        limit: int,
+        before: int | None = None,
+        timeout: float,
     ) -> list[Job]:
-        which = {"state": state, "kind": kind, "limit": limit}
+        which = {"state": state, "kind": kind, "limit": limit, "before": before}
         rows = await self._run(
             lambda conn: conn.execute(Q.lease_list_jobs, which).fetchall(), timeout=timeout
         )

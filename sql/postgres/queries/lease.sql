@@ -373,6 +373,7 @@ SELECT id, kind, state, owner_id, lease_until, fencing_token, heartbeat_at, atte
        tool_timeout_seconds
   FROM fencegate_jobs
  WHERE ($1::text IS NULL OR state = $1) AND ($2::text IS NULL OR kind = $2)
+   AND ($4::bigint IS NULL OR id < $4)  -- the page after the one that ended at id $4
  ORDER BY id DESC
  LIMIT $3;
 

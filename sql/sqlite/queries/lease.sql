@@ -137,6 +137,7 @@ SELECT id, kind, state, owner_id, lease_until, fencing_token, heartbeat_at, atte
        tool_timeout_seconds
   FROM fencegate_jobs
  WHERE (:state IS NULL OR state = :state) AND (:kind IS NULL OR kind = :kind)
+   AND (:before IS NULL OR id < :before)  -- the page after the one that ended at :before
  ORDER BY id DESC
  LIMIT :limit;
 
