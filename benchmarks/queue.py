@@ -1,4 +1,4 @@
-"""Lease queue benchmark: the fencegate `Worker`, the bare queue, and PgQueuer, side by side.
+"""Lease queue benchmark: the fencegate `Worker`, the bare queue, PgQueuer and peers, side by side.
 
 On one PostgreSQL server, each on a fresh database, at the same concurrency (one process each):
 
@@ -6,19 +6,29 @@ On one PostgreSQL server, each on a fresh database, at the same concurrency (one
   claiming ahead) draining no-op jobs until idle;
 - the bare queue, pipelined: claim a batch, commit it with one ``complete_many`` while the
   next claim runs (what the queue costs without a worker around it);
-- PgQueuer's runner (``QueueManager.run`` in drain mode, batch size = the concurrency).
+- the bare queue as a user first writes it: ``claim(limit=concurrency)``, then ``complete``
+  each job in turn, one statement at a time;
+- PgQueuer's runner (``QueueManager.run`` in drain mode, batch size = the concurrency);
+- peers with their own workers at the same concurrency (leave them out with ``--no-peers``):
+  saq's ``Worker`` on Redis (a queue name of its own, its keys deleted afterwards) and
+  Procrastinate's worker on PostgreSQL (drain mode, ``wait=False``). A peer that is not
+  installed or whose server is unreachable gets a row saying why instead of a number.
 
 They alternate for several rounds and the table shows each one's median, so that a busy
 machine hurts all alike. Then: Worker throughput with 1, 2 and 4 worker processes; pickup
-latency (idle workers waiting on LISTEN/NOTIFY, one job enqueued, time until a tool holds it);
+latency (idle workers waiting on LISTEN/NOTIFY, or on Redis for saq; one job enqueued; time
+until a tool holds it, or for the peers, until the task starts, from a timestamp in its payload);
 and recovery after SIGKILL of a Worker process holding a job (time until another claimer
 holds it; the lease's remaining time is the floor).
 
 Run from the repository root (server from ``FENCEGATE_BENCH_DATABASE_URL``, default
-postgresql://postgres@127.0.0.1:5432/postgres)::
+postgresql://postgres@127.0.0.1:5432/postgres; Redis from ``FENCEGATE_BENCH_REDIS_URL``,
+default redis://127.0.0.1:6379/0)::
 
     python -m benchmarks.queue [--jobs 5000] [--concurrency 10] [--processes 1 2 4]
-                               [--rounds 3] [--samples 100] [--profile]
+                               [--rounds 3] [--samples 100] [--profile] [--no-peers]
+
+With the defaults a whole run takes a few minutes on two cores.
 
 Figures depend on the machine and on whatever else it is doing: compare rows of one run.
 """
@@ -31,6 +41,7 @@ import contextlib
 import cProfile
 import functools
 import io
+import logging
 import os
 import pstats
 import signal
@@ -53,6 +64,7 @@ from fencegate.lease.events import EventLog
 from fencegate.lease.metrics import WorkerMetrics
 
 DEFAULT_SERVER = "postgresql://postgres@127.0.0.1:5432/postgres"
+DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
 ROOT = Path(__file__).resolve().parents[1]
 PIPELINE = 2
 PHASE_LIMIT_SECONDS = 60.0
@@ -163,7 +175,7 @@ async def fencegate_throughput(
     )
 
 
-async def fencegate_pickup(server: str, *, samples: int, workers: int) -> Row:
+async def fencegate_pickup(server: str, *, samples: int, workers: int, limit: int = 1) -> Row:
     async with fresh_database(server) as url:
         consumer = await LeaseQueue.connect(url, timeout=30, pool_max_size=workers + 2)
         producer = await LeaseQueue.connect(url, timeout=30, pool_max_size=2)
@@ -176,7 +188,7 @@ async def fencegate_pickup(server: str, *, samples: int, workers: int) -> Row:
                 for _ in range(samples * 100):
                     if stop.is_set():
                         return
-                    leases = await consumer.claim(name, kinds=["ping"], limit=1, timeout=30)
+                    leases = await consumer.claim(name, kinds=["ping"], limit=limit, timeout=30)
                     for lease in leases:
                         got.put_nowait((lease.job_id, time.perf_counter()))
                         await consumer.complete(lease, None, timeout=30)
@@ -551,6 +563,256 @@ async def pgqueuer_pickup(server: str, *, samples: int, workers: int) -> Row:
     )
 
 
+# -- the plain loop ----------------------------------------------------------------------
+
+
+async def plain_loop_throughput(server: str, *, jobs: int, batch: int) -> Row:
+    """What a user writes first: claim up to ``batch`` jobs, then ``complete`` each one in
+    turn, one statement at a time, until the queue is empty."""
+    async with fresh_database(server) as url:
+        queue = await LeaseQueue.connect(url, timeout=30, pool_max_size=4)
+        try:
+            await queue.migrate()
+            enqueue_seconds = await _enqueue_noops(queue, jobs)
+            done = 0
+            deadline = time.monotonic() + PHASE_LIMIT_SECONDS
+            started = time.perf_counter()
+            while time.monotonic() < deadline:
+                leases = await queue.claim("plain", kinds=["noop"], limit=batch, timeout=30)
+                if not leases:
+                    break
+                for lease in leases:
+                    done += await queue.complete(lease, None, timeout=30)
+            seconds = time.perf_counter() - started
+            if done != jobs:
+                raise RuntimeError(f"the plain loop finished {done} of {jobs} jobs")
+        finally:
+            await queue.close()
+    return Row(
+        "fencegate claim(limit) + complete() per job",
+        jobs_per_second=jobs / seconds,
+        enqueue_per_second=jobs / enqueue_seconds,
+    )
+
+
+# -- saq (Redis) -------------------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def saq_queue(redis_url: str) -> AsyncIterator[Any]:
+    """A saq queue under a name of its own on the Redis server; its keys are deleted after."""
+    from redis import asyncio as aioredis
+    from saq.queue.redis import RedisQueue
+
+    # saq warns at every stop that its idle upkeep loops had to be cancelled.
+    logging.getLogger("saq").setLevel(logging.ERROR)
+    name = "fg_bench_" + uuid.uuid4().hex[:10]
+    queue = RedisQueue(aioredis.from_url(redis_url), name=name)
+    await queue.connect()
+    try:
+        yield queue
+    finally:
+        await queue.disconnect()
+        cleaner = aioredis.from_url(redis_url)
+        try:
+            keys = [key async for key in cleaner.scan_iter(match=f"saq:*{name}*", count=1000)]
+            for start in range(0, len(keys), 1000):
+                await cleaner.delete(*keys[start : start + 1000])
+        finally:
+            await cleaner.aclose()
+
+
+async def _saq_enqueue(queue: Any, function: str, kwargs: list[dict[str, Any]]) -> None:
+    for start in range(0, len(kwargs), 500):
+        await asyncio.gather(*(queue.enqueue(function, **kw) for kw in kwargs[start : start + 500]))
+
+
+async def saq_throughput(redis_url: str, *, jobs: int, concurrency: int) -> Row:
+    """saq's own `Worker` at the same concurrency drains ``jobs`` no-op jobs; timed from its
+    start until every job has run and been marked complete."""
+    from saq import Worker as SaqWorker
+
+    async with saq_queue(redis_url) as queue:
+        started = time.perf_counter()
+        await _saq_enqueue(queue, "noop", [{"n": n} for n in range(jobs)])
+        enqueue_seconds = time.perf_counter() - started
+        done = 0
+        all_done = asyncio.Event()
+
+        async def noop(ctx: Any, *, n: int) -> None:
+            return None
+
+        async def finished(ctx: Any) -> None:
+            # saq calls this after it has marked the job complete.
+            nonlocal done
+            done += 1
+            if done >= jobs:
+                all_done.set()
+
+        worker = SaqWorker(
+            queue,
+            functions=[("noop", noop)],
+            concurrency=concurrency,
+            after_process=[finished],
+        )
+        started = time.perf_counter()
+        task = asyncio.create_task(worker.start())
+        try:
+            await asyncio.wait_for(all_done.wait(), PHASE_LIMIT_SECONDS)
+            seconds = time.perf_counter() - started
+            left = await queue.count("incomplete")
+        finally:
+            await worker.stop()
+            await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 30)
+        if done != jobs or left:
+            raise RuntimeError(f"saq finished {done} of {jobs} jobs, {left} left")
+    return Row(
+        "saq Worker (Redis)",
+        jobs_per_second=jobs / seconds,
+        enqueue_per_second=jobs / enqueue_seconds,
+    )
+
+
+async def saq_pickup(redis_url: str, *, samples: int, concurrency: int) -> Row:
+    """An idle saq `Worker`; one job enqueued with the time in its payload; the task measures
+    how long after that it started."""
+    from saq import Worker as SaqWorker
+
+    async with saq_queue(redis_url) as queue:
+        got: asyncio.Queue[float] = asyncio.Queue()
+
+        async def ping(ctx: Any, *, n: int, sent: float) -> None:
+            got.put_nowait(time.perf_counter() - sent)
+
+        worker = SaqWorker(queue, functions=[("ping", ping)], concurrency=concurrency)
+        task = asyncio.create_task(worker.start())
+        latencies: list[float] = []
+        try:
+            await asyncio.sleep(0.5)  # every slot is waiting on Redis
+            for n in range(samples):
+                await queue.enqueue("ping", n=n, sent=time.perf_counter())
+                latencies.append(await asyncio.wait_for(got.get(), 30) * 1000)
+                await asyncio.sleep(0.02)
+        finally:
+            await worker.stop()
+            await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 30)
+    return Row(
+        "saq Worker (Redis)",
+        p50_ms=percentile(latencies, 0.5),
+        p99_ms=percentile(latencies, 0.99),
+    )
+
+
+# -- Procrastinate -----------------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def procrastinate_app(server: str, *, concurrency: int) -> AsyncIterator[tuple[Any, str]]:
+    """A Procrastinate app on a fresh database with its schema applied."""
+    import procrastinate
+
+    # It warns that an app defined in __main__ cannot be found by its command-line worker;
+    # this benchmark runs the worker in process.
+    logging.getLogger("procrastinate").setLevel(logging.ERROR)
+    async with fresh_database(server) as url:
+        app = procrastinate.App(
+            connector=procrastinate.PsycopgConnector(
+                conninfo=url, min_size=2, max_size=concurrency + 2
+            )
+        )
+        async with app.open_async():
+            await app.schema_manager.apply_schema_async()
+            yield app, url
+
+
+async def procrastinate_throughput(server: str, *, jobs: int, concurrency: int) -> Row:
+    """Procrastinate's own worker at the same concurrency, in drain mode (``wait=False``:
+    it returns once no job is left)."""
+    async with procrastinate_app(server, concurrency=concurrency) as (app, url):
+        done = 0
+
+        @app.task(name="noop")
+        async def noop(n: int) -> None:
+            nonlocal done
+            done += 1
+
+        started = time.perf_counter()
+        for start in range(0, jobs, 500):
+            await noop.batch_defer_async(*({"n": n} for n in range(start, min(jobs, start + 500))))
+        enqueue_seconds = time.perf_counter() - started
+        started = time.perf_counter()
+        await asyncio.wait_for(
+            app.run_worker_async(
+                concurrency=concurrency, wait=False, install_signal_handlers=False
+            ),
+            PHASE_LIMIT_SECONDS,
+        )
+        seconds = time.perf_counter() - started
+        conn = await asyncpg.connect(url, timeout=10)
+        try:
+            succeeded = await conn.fetchval(
+                "SELECT count(*) FROM procrastinate_jobs WHERE status = 'succeeded'"
+            )
+        finally:
+            await conn.close()
+        if done != jobs or succeeded != jobs:
+            raise RuntimeError(f"Procrastinate ran {done} and finished {succeeded} of {jobs}")
+    return Row(
+        "Procrastinate worker",
+        jobs_per_second=jobs / seconds,
+        enqueue_per_second=jobs / enqueue_seconds,
+    )
+
+
+async def procrastinate_pickup(server: str, *, samples: int, concurrency: int) -> Row:
+    """An idle Procrastinate worker (LISTEN/NOTIFY); one job deferred with the time in its
+    payload; the task measures how long after that it started."""
+    async with procrastinate_app(server, concurrency=concurrency) as (app, _url):
+        got: asyncio.Queue[float] = asyncio.Queue()
+
+        @app.task(name="ping")
+        async def ping(n: int, sent: float) -> None:
+            got.put_nowait(time.perf_counter() - sent)
+
+        task = asyncio.create_task(
+            app.run_worker_async(concurrency=concurrency, install_signal_handlers=False)
+        )
+        latencies: list[float] = []
+        try:
+            await asyncio.sleep(1.0)  # the worker is listening
+            for n in range(samples):
+                await ping.defer_async(n=n, sent=time.perf_counter())
+                latencies.append(await asyncio.wait_for(got.get(), 30) * 1000)
+                await asyncio.sleep(0.02)
+        finally:
+            task.cancel()
+            await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 30)
+    return Row(
+        "Procrastinate worker",
+        p50_ms=percentile(latencies, 0.5),
+        p99_ms=percentile(latencies, 0.99),
+    )
+
+
+async def peer_unavailable(name: str, redis_url: str) -> str | None:
+    """Why a peer cannot run here (not installed, server unreachable), or None."""
+    try:
+        if name == "saq":
+            import saq  # noqa: F401
+            from redis import asyncio as aioredis
+
+            client = aioredis.from_url(redis_url, socket_connect_timeout=5)
+            try:
+                await client.ping()
+            finally:
+                await client.aclose()
+        elif name == "procrastinate":
+            import procrastinate  # noqa: F401
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}".splitlines()[0][:120].replace("|", "/")
+    return None
+
+
 # -- report ------------------------------------------------------------------------------
 
 
@@ -575,6 +837,10 @@ def median_row(rows: list[Row]) -> Row:
     )
 
 
+PEERS = ("saq", "procrastinate")
+ORDER = ("worker", "pipelined", "plain", "pgqueuer", *PEERS)
+
+
 def print_table(
     throughput: dict[str, Row],
     pickup: dict[str, Row],
@@ -586,14 +852,20 @@ def print_table(
     print()
     print(
         f"Lease queue: {args.jobs} no-op jobs per run, concurrency {args.concurrency} "
-        f"(one process each), one PostgreSQL server, median of {args.rounds} interleaved rounds"
+        f"(one process each), one PostgreSQL server (saq: one Redis server), median of "
+        f"{args.rounds} interleaved rounds"
     )
     print()
     print("| contender | jobs/s | x PgQueuer | pickup p50 ms | pickup p99 ms |")
     print("|---|---|---|---|---|")
-    for key in ("worker", "pipelined", "pgqueuer"):
+    for key in ORDER:
+        if key not in throughput:
+            continue
         row, wait = throughput[key], pickup[key]
-        ratio = (row.jobs_per_second or 0.0) / baseline if baseline else 0.0
+        if row.jobs_per_second is None:
+            print(f"| {row.name} | not run: {row.note} | - | - | - |")
+            continue
+        ratio = row.jobs_per_second / baseline if baseline else 0.0
         print(
             f"| {row.name} | {fmt(row.jobs_per_second, '.0f')} | {ratio:.2f} "
             f"| {fmt(wait.p50_ms, '.1f')} | {fmt(wait.p99_ms, '.1f')} |"
@@ -617,8 +889,12 @@ def print_table(
     )
 
 
+PEER_NAMES = {"saq": "saq Worker (Redis)", "procrastinate": "Procrastinate worker"}
+
+
 async def run(args: argparse.Namespace) -> None:
     server = os.environ.get("FENCEGATE_BENCH_DATABASE_URL", DEFAULT_SERVER)
+    redis_url = os.environ.get("FENCEGATE_BENCH_REDIS_URL", DEFAULT_REDIS)
     concurrency = args.concurrency
     runs: dict[str, Callable[[], Awaitable[Row]]] = {
         "worker": functools.partial(
@@ -639,10 +915,51 @@ async def run(args: argparse.Namespace) -> None:
             heartbeat=False,
             profile=False,
         ),
+        "plain": functools.partial(
+            plain_loop_throughput, server, jobs=args.jobs, batch=concurrency
+        ),
         "pgqueuer": functools.partial(
             pgqueuer_throughput, server, jobs=args.jobs, workers=1, batch=concurrency
         ),
     }
+    pickups: dict[str, Callable[[], Awaitable[Row]]] = {
+        "worker": functools.partial(
+            worker_pickup, server, samples=args.samples, concurrency=concurrency
+        ),
+        "pipelined": functools.partial(fencegate_pickup, server, samples=args.samples, workers=1),
+        "plain": functools.partial(
+            fencegate_pickup, server, samples=args.samples, workers=1, limit=concurrency
+        ),
+        "pgqueuer": functools.partial(pgqueuer_pickup, server, samples=args.samples, workers=1),
+    }
+    skipped: dict[str, str] = {}
+    if args.peers:
+        peer_runs: dict[str, tuple[Callable[[], Awaitable[Row]], Callable[[], Awaitable[Row]]]]
+        peer_runs = {
+            "saq": (
+                functools.partial(
+                    saq_throughput, redis_url, jobs=args.jobs, concurrency=concurrency
+                ),
+                functools.partial(
+                    saq_pickup, redis_url, samples=args.samples, concurrency=concurrency
+                ),
+            ),
+            "procrastinate": (
+                functools.partial(
+                    procrastinate_throughput, server, jobs=args.jobs, concurrency=concurrency
+                ),
+                functools.partial(
+                    procrastinate_pickup, server, samples=args.samples, concurrency=concurrency
+                ),
+            ),
+        }
+        for peer, (throughput_run, pickup_run) in peer_runs.items():
+            reason = await peer_unavailable(peer, redis_url)
+            if reason:
+                skipped[peer] = reason
+            else:
+                runs[peer] = throughput_run
+                pickups[peer] = pickup_run
     scaling_runs = {
         n: functools.partial(
             worker_processes, server, jobs=args.jobs, processes=n, concurrency=concurrency
@@ -669,12 +986,13 @@ async def run(args: argparse.Namespace) -> None:
         )
     throughput = {name: median_row(rows) for name, rows in results.items()}
     throughput["pipelined"].name = "fencegate claim + complete_many, pipelined"
+    throughput["plain"].name = f"fencegate claim(limit={concurrency}) + complete() per job"
     throughput["pgqueuer"].name = "PgQueuer QueueManager.run"
-    pickup = {
-        "worker": await worker_pickup(server, samples=args.samples, concurrency=concurrency),
-        "pipelined": await fencegate_pickup(server, samples=args.samples, workers=1),
-        "pgqueuer": await pgqueuer_pickup(server, samples=args.samples, workers=1),
-    }
+    for peer, reason in skipped.items():
+        throughput[peer] = Row(PEER_NAMES[peer], note=reason)
+    pickup = {name: await measure() for name, measure in pickups.items()}
+    for peer in skipped:
+        pickup[peer] = Row(PEER_NAMES[peer])
     recovery = await worker_recovery(server, runs=3, lease_seconds=2.0)
     print_table(throughput, pickup, [median_row(rows) for rows in scaled.values()], recovery, args)
 
@@ -687,6 +1005,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--samples", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--profile", action="store_true", help="cProfile the Worker")
+    parser.add_argument(
+        "--no-peers",
+        dest="peers",
+        action="store_false",
+        help="leave out saq and Procrastinate",
+    )
     args = parser.parse_args(argv)
     if min(args.jobs, args.concurrency, args.rounds, *args.processes) < 1 or args.samples < 2:
         parser.error(
