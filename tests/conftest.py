@@ -1,5 +1,5 @@
-"""Store fixtures shared by every test: real PostgreSQL and real SQLite, one fresh
-database per test."""
+"""Fixtures shared by every tier: real PostgreSQL and real SQLite, one fresh database per
+test, and a lease queue on it. Each test is also marked with its tier (its directory)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from fencegate.lease import LeaseQueue
 from fencegate.store import GatewayStore, open_gateway_store
 from fencegate.store.migrations import migrate
 from tests.support import postgres
@@ -57,3 +58,28 @@ async def store(store_url: str) -> AsyncIterator[GatewayStore]:
         yield gateway_store
     finally:
         await gateway_store.close()
+
+
+@pytest.fixture
+async def queue(store_url: str) -> AsyncIterator[LeaseQueue]:
+    """A queue on a fresh migrated store: the test's own view, beside any worker's."""
+    q = await LeaseQueue.connect(store_url, timeout=10)
+    try:
+        yield q
+    finally:
+        await q.close()
+
+
+TIERS = ("unit", "integration", "acceptance")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark each test with its tier, read from its directory under tests/."""
+    root = Path(__file__).parent
+    for item in items:
+        try:
+            tier = item.path.relative_to(root).parts[0]
+        except ValueError:
+            continue
+        if tier in TIERS:
+            item.add_marker(getattr(pytest.mark, tier))

@@ -53,7 +53,7 @@ def request_id_of(scope: Scope) -> str:
     is read, so that every answer (even a 413) carries it."""
     for name, value in scope["headers"]:
         if name.lower() == b"x-request-id":
-            text = value.decode("latin-1")
+            text: str = value.decode("latin-1")
             if _SANE_REQUEST_ID.fullmatch(text):
                 return text
     return uuid.uuid4().hex[:16]

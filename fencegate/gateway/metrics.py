@@ -72,5 +72,5 @@ class GatewayMetrics:
             return generate_latest(self.registry)
         # Every worker's values, summed; a fresh registry per scrape, as the library asks.
         registry = CollectorRegistry()
-        MultiProcessCollector(registry, path=self.multiprocess_dir)
+        MultiProcessCollector(registry, path=self.multiprocess_dir)  # type: ignore[no-untyped-call]  # untyped in prometheus-client
         return generate_latest(registry)

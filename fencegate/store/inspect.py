@@ -107,7 +107,8 @@ class Inspector:
         def read(conn: sqlite3.Connection) -> list[Row]:
             return [dict(zip(r.keys(), tuple(r), strict=True)) for r in conn.execute(sql, args)]
 
-        return await self._sqlite(read, timeout=timeout)
+        rows: list[Row] = await self._sqlite(read, timeout=timeout)
+        return rows
 
     async def _value(self, name: str, *args: Any, timeout: float) -> Any:
         rows = await self._rows(name, *args, timeout=timeout)

@@ -26,7 +26,7 @@ from fencegate.store import open_gateway_store
 from fencegate.store.inspect import Inspector
 from tests.support.net import free_port, wait_for_port
 from tests.support.processes import REPO_ROOT, child_env, stop_process
-from tests.test_operator_commands import two_workers_one_fenced_off
+from tests.support.stories import two_workers_one_fenced_off
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",

@@ -13,6 +13,7 @@ import pytest
 import requests
 import stripe
 from requests.adapters import HTTPAdapter
+from stripe.params import ChargeCreateParams
 from urllib3.util.retry import Retry
 
 from tests.support.gateway import GatewayProcess
@@ -64,10 +65,11 @@ def test_stripe_sdk_gets_one_charge_and_outcome_unknown_when_the_answer_is_lost(
     assert after["attempts"] - before["attempts"] == 1
     error = raised.value
     assert error.http_status == 424, error.http_body
-    assert error.json_body is not None
-    assert error.json_body["type"].endswith("/outcome-unknown")
-    assert error.json_body["reason"] == "upstream_timeout"
-    assert "fencegate keys resolve" in error.json_body["detail"]
+    body = error.json_body
+    assert isinstance(body, dict), error.http_body
+    assert body["type"].endswith("/outcome-unknown")
+    assert body["reason"] == "upstream_timeout"
+    assert "fencegate keys resolve" in body["detail"]
 
 
 def test_stripe_sdk_charges_once_when_the_upstream_fails_once(
@@ -87,7 +89,7 @@ def test_stripe_sdk_replays_a_recorded_charge(gateway: str, payments: PaymentsPr
     payments.set_mode("ok")
     key = f"charge-{uuid.uuid4().hex}"
     client = stripe_client(gateway)
-    params = {"amount": 1000, "currency": "usd", "source": "tok"}
+    params: ChargeCreateParams = {"amount": 1000, "currency": "usd", "source": "tok"}
     first = client.v1.charges.create(params=params, options={"idempotency_key": key})
     before = payments.counts()
     again = client.v1.charges.create(params=params, options={"idempotency_key": key})

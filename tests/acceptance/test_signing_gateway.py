@@ -26,8 +26,8 @@ from http_message_signatures import ContentDigest
 
 from fencegate.commands import sign as sign_command
 from fencegate.signing import HttpSigner
-from tests.lease.test_client import KEY as JOB_KEY
-from tests.lease.test_client import make_job
+from tests.acceptance.lease.test_client import KEY as JOB_KEY
+from tests.acceptance.lease.test_client import make_job
 from tests.support.gateway import GatewayProcess
 from tests.support.net import TcpRelay
 from tests.support.upstream import UpstreamProcess
@@ -443,7 +443,12 @@ def test_the_curl_line_from_fencegate_sign_goes_through(
     words = shlex.split(capsys.readouterr().out)
     # Replay the printed command line word for word (curl -X M -H ... --data-binary D URL).
     method = words[words.index("-X") + 1]
-    headers = [tuple(words[i + 1].split(": ", 1)) for i, w in enumerate(words) if w == "-H"]
+    headers = [
+        (name, value)
+        for i, w in enumerate(words)
+        if w == "-H"
+        for name, _, value in [words[i + 1].partition(": ")]
+    ]
     data = words[words.index("--data-binary") + 1].encode()
     response = client.request(method, words[-1], headers=headers, content=data)
     assert response.status_code == 200, response.text

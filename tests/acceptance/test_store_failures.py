@@ -56,7 +56,9 @@ def serve(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_serve_refuses_a_postgres_database_nobody_migrated(empty_pg_url: str, tmp_path: Path):
+def test_serve_refuses_a_postgres_database_nobody_migrated(
+    empty_pg_url: str, tmp_path: Path
+) -> None:
     refused = serve("--database-url", empty_pg_url, "--port", "0", cwd=tmp_path)
     assert refused.returncode == 2, refused.stderr
     [line] = [ln for ln in refused.stderr.splitlines() if ln.startswith("fencegate serve: error:")]
@@ -65,14 +67,14 @@ def test_serve_refuses_a_postgres_database_nobody_migrated(empty_pg_url: str, tm
     assert f"fencegate migrate --database-url {empty_pg_url}" in line
 
 
-def test_serve_refuses_an_sqlite_file_it_may_not_migrate(tmp_path: Path):
+def test_serve_refuses_an_sqlite_file_it_may_not_migrate(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'fresh.db'}"
     refused = serve("--database-url", url, "--no-migrate", "--port", "0", cwd=tmp_path)
     assert refused.returncode == 2, refused.stderr
     assert "fencegate migrate --database-url" in refused.stderr
 
 
-def test_serve_refuses_a_schema_one_migration_behind(empty_pg_url: str, tmp_path: Path):
+def test_serve_refuses_a_schema_one_migration_behind(empty_pg_url: str, tmp_path: Path) -> None:
     async def behind() -> None:
         await migrate(empty_pg_url)
         conn = await asyncpg.connect(empty_pg_url)

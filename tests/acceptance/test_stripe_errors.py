@@ -11,18 +11,26 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 import pytest
 import stripe
+from stripe.params import ChargeCreateParams
 
 from fencegate.gateway.config import ConfigError, load_config
 from tests.support.gateway import GatewayProcess
 from tests.support.net import TcpRelay
 from tests.support.payments import LATE_SECONDS, PaymentsProcess
 
-PARAMS = {"amount": 1000, "currency": "usd", "source": "tok"}
+PARAMS: ChargeCreateParams = {"amount": 1000, "currency": "usd", "source": "tok"}
+
+
+def body_of(error: stripe.StripeError) -> dict[str, Any]:
+    """The answer's JSON, as the SDK parsed it."""
+    assert isinstance(error.json_body, dict), error.http_body
+    return error.json_body
 
 # The upstream answers within a second or the outcome is unknown.
 ROUTES = '[[routes]]\nprefix = "/v1"\ntimeout = {timeout}\nerror_format = "stripe"\n'
@@ -68,7 +76,8 @@ def test_reused_key_raises_idempotency_error(
     sdk.v1.charges.create(params=PARAMS, options={"idempotency_key": key})
     before = payments.counts()
     with pytest.raises(stripe.IdempotencyError) as raised:
-        sdk.v1.charges.create(params={**PARAMS, "amount": 2000}, options={"idempotency_key": key})
+        other: ChargeCreateParams = {"amount": 2000, "currency": "usd", "source": "tok"}
+        sdk.v1.charges.create(params=other, options={"idempotency_key": key})
     error = raised.value
     assert error.http_status == 400
     assert error.error is not None and error.error.code == "key_reused"
@@ -77,8 +86,8 @@ def test_reused_key_raises_idempotency_error(
     assert error.headers["content-type"] == "application/json"
     assert error.headers["x-request-id"]
     assert error.json_body is not None
-    assert error.json_body["error"]["type"] == "idempotency_error"
-    assert error.json_body["error"]["doc_url"].endswith("/problems/key-reused")
+    assert body_of(error)["error"]["type"] == "idempotency_error"
+    assert body_of(error)["error"]["doc_url"].endswith("/problems/key-reused")
     assert "different method, path, query or body" in str(error.user_message)
     assert payments.counts() == before
     assert decided(gateway, "key_reused") == 1  # not retried
@@ -101,7 +110,7 @@ def test_outcome_unknown_says_what_happened_and_charges_once(
     assert error.error is not None and error.error.code == "outcome_unknown"
     assert error.headers is not None and error.headers["stripe-should-retry"] == "false"
     assert error.json_body is not None
-    body = error.json_body["error"]
+    body = body_of(error)["error"]
     assert body["type"] == "api_error" and body["reason"] == "upstream_timeout"
     message = str(error.user_message)
     assert "may have run upstream" in message and "fencegate keys resolve" in message
@@ -174,7 +183,7 @@ def test_invalid_request_and_stale_fence(
     assert stale.value.http_status == 412
     assert stale.value.error is not None and stale.value.error.code == "stale_fence"
     assert stale.value.json_body is not None
-    assert stale.value.json_body["error"]["last_accepted_fence"] == 7
+    assert body_of(stale.value)["error"]["last_accepted_fence"] == 7
     assert "a newer holder owns this work" in str(stale.value.user_message)
 
 
@@ -213,7 +222,7 @@ def test_store_unavailable_is_a_retried_api_error(
             assert error.headers["stripe-should-retry"] == "true"
             assert error.headers["retry-after"] == "1"
             assert error.json_body is not None
-            assert error.json_body["error"]["type"] == "api_error"
+            assert body_of(error)["error"]["type"] == "api_error"
             assert decided(gateway, "store_unavailable") == 3  # the SDK retried twice
             assert payments.counts() == before  # nothing forwarded it could not record
             charge = client(gateway.url, retries=5).v1.charges.create(params=PARAMS)

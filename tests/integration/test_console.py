@@ -5,8 +5,6 @@ clear errors. The browser test (tests/acceptance) drives the same flows in Chrom
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -14,12 +12,11 @@ import httpx
 import orjson
 import pytest
 
-from fencegate.console import ConsoleToken, TokenConfigError, create_console_app, load_tokens
+from fencegate.console import ConsoleToken, TokenConfigError, create_console_app
 from fencegate.console.auth import parse_tokens
 from fencegate.store import open_gateway_store
 from fencegate.store.inspect import Inspector
-from tests.support.processes import child_env
-from tests.test_operator_commands import two_workers_one_fenced_off
+from tests.support.stories import two_workers_one_fenced_off
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -94,19 +91,6 @@ async def audit_rows(url: str) -> list[dict[str, Any]]:
         return await inspector.audit_log(limit=10)
     finally:
         await inspector.close()
-
-
-def test_no_tokens_is_refused_with_one_line(tmp_path: Any) -> None:
-    with pytest.raises(TokenConfigError, match="no console tokens"):
-        load_tokens(None, {})
-    env = {k: v for k, v in child_env().items() if not k.startswith("FENCEGATE_CONSOLE")}
-    done = subprocess.run(
-        [sys.executable, "-m", "fencegate.cli", "console", "--database-url",
-         f"sqlite:///{tmp_path / 'x.db'}"],
-        capture_output=True, text=True, timeout=30, env=env,
-    )  # fmt: skip
-    assert done.returncode == 2
-    assert done.stderr.strip().count("\n") == 0 and "no console tokens" in done.stderr
 
 
 @pytest.mark.parametrize(

@@ -50,7 +50,7 @@ def problem(response: GatewayResponse) -> dict[str, object]:
     return dict(orjson.loads(response.body))
 
 
-async def test_refused_upstream_is_502_and_releases_the_key(store: GatewayStore):
+async def test_refused_upstream_is_502_and_releases_the_key(store: GatewayStore) -> None:
     engine = Engine(store, store_timeout=30)
     upstream = Upstream("refused")
     policy = RoutePolicy()
@@ -67,7 +67,7 @@ async def test_refused_upstream_is_502_and_releases_the_key(store: GatewayStore)
 @pytest.mark.parametrize(("on_unknown", "status"), [("reject", 424), ("retry", 200)])
 async def test_lost_connection_is_504_outcome_unknown(
     store: GatewayStore, on_unknown: str, status: int
-):
+) -> None:
     engine = Engine(store, store_timeout=30)
     upstream = Upstream("lost")
     policy = RoutePolicy(on_unknown=on_unknown)  # type: ignore[arg-type]
@@ -88,7 +88,7 @@ class PipelineUpstream:
         return await self.upstream.forward(timeout)
 
 
-async def test_each_decision_is_counted_once_by_the_pipeline(store: GatewayStore):
+async def test_each_decision_is_counted_once_by_the_pipeline(store: GatewayStore) -> None:
     metrics = GatewayMetrics()
     engine = Engine(store, store_timeout=30, metrics=metrics)
     pipeline = Pipeline(
@@ -108,7 +108,7 @@ async def test_each_decision_is_counted_once_by_the_pipeline(store: GatewayStore
     assert "fencegate_upstream_latency_seconds_count 1.0" in text
 
 
-async def test_unreachable_sqlite_store_is_503_and_nothing_is_forwarded(sqlite_url: str):
+async def test_unreachable_sqlite_store_is_503_and_nothing_is_forwarded(sqlite_url: str) -> None:
     store = await open_gateway_store(sqlite_url, run_migrations=False)
     path = urlsplit(sqlite_url).path[1:]
     blocker = sqlite3.connect(path, timeout=1, isolation_level=None)
@@ -134,7 +134,9 @@ async def test_unreachable_sqlite_store_is_503_and_nothing_is_forwarded(sqlite_u
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("fault", ["silence", "cut"])
-async def test_unreachable_postgres_store_is_503_and_nothing_is_forwarded(pg_url: str, fault: str):
+async def test_unreachable_postgres_store_is_503_and_nothing_is_forwarded(
+    pg_url: str, fault: str
+) -> None:
     parts = urlsplit(pg_url)
     with TcpRelay(parts.hostname or "127.0.0.1", parts.port or 5432) as relay:
         netloc = f"{parts.username}@127.0.0.1:{relay.port}" if parts.username else ""

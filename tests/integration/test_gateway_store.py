@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 from dataclasses import replace
 
 import pytest
@@ -17,6 +15,8 @@ from fencegate.store import (
     StoredResponse,
     open_gateway_store,
 )
+from fencegate.store.inspect import Inspector
+from tests.support.waits import wait_until
 
 T = 30.0  # generous: the machine is shared
 
@@ -35,12 +35,27 @@ BASE = DecideRequest(
 RESPONSE = StoredResponse(201, [("content-type", "application/json"), ("x-a", "1")], b"{}", "h")
 
 
+async def wait_for_database_clock(url: str, seconds: float) -> None:
+    """Wait until ``seconds`` have passed on the database clock, the one expiry is judged by
+    (our own clock may run ahead of or behind it)."""
+    inspector = await Inspector.open(url)
+    try:
+        start = await inspector.now()
+
+        async def passed() -> bool:
+            return await inspector.now() > start + seconds
+
+        await wait_until(passed, timeout=T, what=f"{seconds}s on the database clock")
+    finally:
+        await inspector.close()
+
+
 def holder(decision_attempt: int | None, request: DecideRequest = BASE) -> Reservation:
     assert decision_attempt is not None
     return Reservation(request.tenant, request.key or "", request.owner, decision_attempt)
 
 
-async def test_new_key_is_reserved_then_in_flight(store: GatewayStore):
+async def test_new_key_is_reserved_then_in_flight(store: GatewayStore) -> None:
     first = await store.decide(BASE, timeout=T)
     assert (first.outcome, first.attempt) == (Outcome.RESERVED, 1)
     second = await store.decide(replace(BASE, owner="gw-b"), timeout=T)
@@ -49,7 +64,7 @@ async def test_new_key_is_reserved_then_in_flight(store: GatewayStore):
     assert second.reserved_age is not None and 0 <= second.reserved_age < T
 
 
-async def test_completed_key_replays_what_was_stored(store: GatewayStore):
+async def test_completed_key_replays_what_was_stored(store: GatewayStore) -> None:
     first = await store.decide(BASE, timeout=T)
     assert await store.complete(holder(first.attempt), RESPONSE, timeout=T)
     replay = await store.decide(BASE, timeout=T)
@@ -57,7 +72,7 @@ async def test_completed_key_replays_what_was_stored(store: GatewayStore):
     assert replay.response == RESPONSE
 
 
-async def test_body_too_large_is_recorded_without_body(store: GatewayStore):
+async def test_body_too_large_is_recorded_without_body(store: GatewayStore) -> None:
     first = await store.decide(BASE, timeout=T)
     large = replace(RESPONSE, body=None, sha256="abc")
     assert await store.complete(holder(first.attempt), large, timeout=T)
@@ -66,25 +81,25 @@ async def test_body_too_large_is_recorded_without_body(store: GatewayStore):
     assert (replay.response.body, replay.response.sha256) == (None, "abc")
 
 
-async def test_other_fingerprint_is_a_mismatch(store: GatewayStore):
+async def test_other_fingerprint_is_a_mismatch(store: GatewayStore) -> None:
     await store.decide(BASE, timeout=T)
     other = await store.decide(replace(BASE, fingerprint="0" * 64), timeout=T)
     assert other.outcome is Outcome.MISMATCH
 
 
-async def test_keys_are_per_tenant(store: GatewayStore):
+async def test_keys_are_per_tenant(store: GatewayStore) -> None:
     await store.decide(BASE, timeout=T)
     other = await store.decide(replace(BASE, tenant="t2", fingerprint="0" * 64), timeout=T)
     assert other.outcome is Outcome.RESERVED
 
 
-async def test_release_frees_the_key(store: GatewayStore):
+async def test_release_frees_the_key(store: GatewayStore) -> None:
     first = await store.decide(BASE, timeout=T)
     assert await store.release(holder(first.attempt), timeout=T)
     assert (await store.decide(BASE, timeout=T)).outcome is Outcome.RESERVED
 
 
-async def test_writes_are_conditional_on_the_holder(store: GatewayStore):
+async def test_writes_are_conditional_on_the_holder(store: GatewayStore) -> None:
     first = await store.decide(BASE, timeout=T)
     stranger = Reservation("t1", "k", "gw-b", 1)
     old_attempt = Reservation("t1", "k", "gw-a", 7)
@@ -97,10 +112,12 @@ async def test_writes_are_conditional_on_the_holder(store: GatewayStore):
     assert await store.renew(holder(first.attempt), 30, timeout=T)
 
 
-async def test_expired_lease_is_taken_over_and_the_old_holder_cannot_record(store: GatewayStore):
+async def test_expired_lease_is_taken_over_and_the_old_holder_cannot_record(
+    store: GatewayStore, store_url: str
+) -> None:
     short = replace(BASE, lease_seconds=0.2)
     first = await store.decide(short, timeout=T)
-    await asyncio.sleep(0.5)
+    await wait_for_database_clock(store_url, 0.2)
     assert not await store.renew(holder(first.attempt), 30, timeout=T)
     taken = await store.decide(replace(BASE, owner="gw-b"), timeout=T)
     assert (taken.outcome, taken.attempt) == (Outcome.TAKEN_OVER, 2)
@@ -112,7 +129,9 @@ async def test_expired_lease_is_taken_over_and_the_old_holder_cannot_record(stor
 
 @pytest.mark.parametrize(("retry", "outcome"), [(True, Outcome.RETRY_UNKNOWN),
                                                 (False, Outcome.UNKNOWN)])  # fmt: skip
-async def test_outcome_unknown_per_route(store: GatewayStore, retry: bool, outcome: Outcome):
+async def test_outcome_unknown_per_route(
+    store: GatewayStore, retry: bool, outcome: Outcome
+) -> None:
     first = await store.decide(BASE, timeout=T)
     assert await store.mark_unknown(holder(first.attempt), timeout=T)
     again = await store.decide(replace(BASE, retry_unknown=retry), timeout=T)
@@ -121,7 +140,7 @@ async def test_outcome_unknown_per_route(store: GatewayStore, retry: bool, outco
         assert again.attempt == 2
 
 
-async def test_fence_is_max_and_stale_stores_nothing(store: GatewayStore):
+async def test_fence_is_max_and_stale_stores_nothing(store: GatewayStore) -> None:
     fenced = replace(BASE, entity="job:1", fence=5)
     assert (await store.decide(fenced, timeout=T)).last_accepted == 5
     stale = await store.decide(replace(fenced, key="k2", fence=4), timeout=T)
@@ -136,7 +155,7 @@ async def test_fence_is_max_and_stale_stores_nothing(store: GatewayStore):
     )
 
 
-async def test_fences_are_per_tenant_and_entity(store: GatewayStore):
+async def test_fences_are_per_tenant_and_entity(store: GatewayStore) -> None:
     await store.decide(replace(BASE, key=None, entity="e", fence=100), timeout=T)
     for other in (replace(BASE, tenant="t2"), replace(BASE, entity="e2")):
         decision = await store.decide(replace(other, key=None, entity=other.entity or "e",
@@ -144,29 +163,31 @@ async def test_fences_are_per_tenant_and_entity(store: GatewayStore):
         assert decision.outcome is Outcome.FENCE_ONLY
 
 
-async def test_largest_fence_fits(store: GatewayStore):
+async def test_largest_fence_fits(store: GatewayStore) -> None:
     top = replace(BASE, key=None, entity="e", fence=2**63 - 1)
     assert (await store.decide(top, timeout=T)).last_accepted == 2**63 - 1
 
 
-async def test_expired_key_is_free_again_and_purged(store: GatewayStore):
+async def test_expired_key_is_free_again_and_purged(store: GatewayStore, store_url: str) -> None:
     first = await store.decide(replace(BASE, ttl_seconds=0.2), timeout=T)
     assert await store.complete(holder(first.attempt), RESPONSE, timeout=T)
     await store.decide(replace(BASE, key="gone", ttl_seconds=0.2), timeout=T)
     await store.decide(replace(BASE, key="kept"), timeout=T)
-    await asyncio.sleep(0.5)
+    await wait_for_database_clock(store_url, 0.2)
     assert (await store.decide(BASE, timeout=T)).outcome is Outcome.RESERVED
     counts = await store.purge(fence_ttl_seconds=3600, batch_size=1, timeout=T)
     assert counts.keys == 1  # "gone"; "k" was renewed above, "kept" has a day left
     assert (await store.decide(replace(BASE, key="kept"), timeout=T)).outcome is (Outcome.IN_FLIGHT)
 
 
-async def test_purge_removes_idle_fences_and_expired_nonces(store: GatewayStore):
+async def test_purge_removes_idle_fences_and_expired_nonces(
+    store: GatewayStore, store_url: str
+) -> None:
     for entity in ("a", "b", "c"):
         await store.decide(replace(BASE, key=None, entity=entity, fence=3), timeout=T)
     assert await store.remember_nonce("key-1", "n-old", 0.2, timeout=T)
     assert await store.remember_nonce("key-1", "n-new", 3600, timeout=T)
-    await asyncio.sleep(0.5)
+    await wait_for_database_clock(store_url, 0.3)  # the fences' idle time below
     counts = await store.purge(fence_ttl_seconds=0.3, batch_size=2, timeout=T)
     assert (counts.keys, counts.fences, counts.nonces) == (0, 3, 1)
     # A purged fence no longer holds anything back.
@@ -175,19 +196,19 @@ async def test_purge_removes_idle_fences_and_expired_nonces(store: GatewayStore)
     assert not await store.remember_nonce("key-1", "n-new", 3600, timeout=T)
 
 
-async def test_nonce_is_remembered_until_it_expires(store: GatewayStore):
+async def test_nonce_is_remembered_until_it_expires(store: GatewayStore, store_url: str) -> None:
     assert await store.remember_nonce("key-1", "abc", 0.2, timeout=T)
     assert not await store.remember_nonce("key-1", "abc", 0.2, timeout=T)
     assert await store.remember_nonce("key-2", "abc", 0.2, timeout=T)
-    await asyncio.sleep(0.5)
+    await wait_for_database_clock(store_url, 0.2)
     assert await store.remember_nonce("key-1", "abc", 60, timeout=T)
 
 
-async def test_ping(store: GatewayStore):
+async def test_ping(store: GatewayStore) -> None:
     await store.ping(timeout=T)
 
 
-async def test_concurrent_decisions_reserve_once(store: GatewayStore):
+async def test_concurrent_decisions_reserve_once(store: GatewayStore) -> None:
     decisions = await asyncio.gather(
         *(store.decide(replace(BASE, owner=f"gw-{i}"), timeout=T) for i in range(20))
     )
@@ -196,29 +217,7 @@ async def test_concurrent_decisions_reserve_once(store: GatewayStore):
     assert outcomes.count(Outcome.IN_FLIGHT) == 19
 
 
-def test_purge_command(store_url: str) -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "fencegate.cli", "purge", "--database-url", store_url],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "purged 0 keys, 0 fences, 0 nonces, 0 decision history rows"
-
-
-def test_purge_command_names_a_bad_url() -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "fencegate.cli", "purge", "--database-url", "mysql://x"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert result.returncode == 2
-    assert "unsupported database URL" in result.stderr
-
-
-async def test_concurrent_fences_on_one_entity_end_at_the_highest(store: GatewayStore):
+async def test_concurrent_fences_on_one_entity_end_at_the_highest(store: GatewayStore) -> None:
     decisions = await asyncio.gather(
         *(
             store.decide(replace(BASE, key=f"k{n}", entity="job:1", fence=n), timeout=T)
@@ -235,7 +234,7 @@ async def test_concurrent_fences_on_one_entity_end_at_the_highest(store: Gateway
 
 
 @pytest.mark.timeout(120)
-async def test_two_gateways_racing_on_shared_keys_and_entities_never_fail(store_url: str):
+async def test_two_gateways_racing_on_shared_keys_and_entities_never_fail(store_url: str) -> None:
     """Decisions and records of two gateways (two connection pools) on overlapping keys
     and fences, in batches: every call answers (no deadlock, no error)."""
     stores = [await open_gateway_store(store_url, run_migrations=False) for _ in range(2)]
@@ -266,7 +265,9 @@ async def test_two_gateways_racing_on_shared_keys_and_entities_never_fail(store_
 # ------------------------------------------------------------------- unknown outcomes
 
 
-async def test_expired_in_flight_key_is_unknown_unless_the_route_retries(store: GatewayStore):
+async def test_expired_in_flight_key_is_unknown_unless_the_route_retries(
+    store: GatewayStore,
+) -> None:
     first = await store.decide(replace(BASE, lease_seconds=0.05), timeout=T)
     await wait_until_unknown(store)
     rejected = replace(BASE, owner="gw-b", retry_unknown=False)
@@ -289,7 +290,7 @@ async def wait_until_unknown(store: GatewayStore) -> None:
         await asyncio.sleep(0.02)
 
 
-async def test_a_late_answer_completes_a_key_marked_unknown(store: GatewayStore):
+async def test_a_late_answer_completes_a_key_marked_unknown(store: GatewayStore) -> None:
     first = await store.decide(BASE, timeout=T)
     assert await store.mark_unknown(holder(first.attempt), timeout=T)
     unknown = await store.decide(replace(BASE, retry_unknown=False), timeout=T)
@@ -300,7 +301,7 @@ async def test_a_late_answer_completes_a_key_marked_unknown(store: GatewayStore)
     assert replay.outcome is Outcome.REPLAY and replay.response == RESPONSE
 
 
-async def test_a_late_answer_never_overwrites_a_new_holder(store: GatewayStore):
+async def test_a_late_answer_never_overwrites_a_new_holder(store: GatewayStore) -> None:
     first = await store.decide(BASE, timeout=T)
     assert await store.mark_unknown(holder(first.attempt), timeout=T)
     retried = await store.decide(replace(BASE, owner="gw-b"), timeout=T)
@@ -310,7 +311,7 @@ async def test_a_late_answer_never_overwrites_a_new_holder(store: GatewayStore):
     assert again.outcome is Outcome.IN_FLIGHT
 
 
-async def test_an_operator_resolves_only_unknown_keys(store: GatewayStore):
+async def test_an_operator_resolves_only_unknown_keys(store: GatewayStore) -> None:
     assert await store.resolve_key("t1", "k", RESPONSE, resolved_by="op", timeout=T) == "not_found"
     first = await store.decide(BASE, timeout=T)
     # In flight under a live lease: not the operator's to decide.
@@ -334,7 +335,7 @@ async def test_an_operator_resolves_only_unknown_keys(store: GatewayStore):
 
 async def test_an_operator_releases_an_unknown_key_and_the_next_request_runs(
     store: GatewayStore,
-):
+) -> None:
     # Each request a gateway reserves has its own owner (instance/request number), so an
     # answer still owed for the released reservation can never complete the next one.
     first = await store.decide(replace(BASE, owner="gw-a/1"), timeout=T)

@@ -54,7 +54,9 @@ def assert_problem(answer: Answer, status: int, kind: str) -> dict[str, object]:
     return dict(problem)
 
 
-async def test_first_answer_is_replayed_with_its_headers(echo: EchoApp, store: GatewayStore):
+async def test_first_answer_is_replayed_with_its_headers(
+    echo: EchoApp, store: GatewayStore
+) -> None:
     app = gateway(echo, store)
     first = await call(app, "POST", "/orders", headers=keyed("k-1"), body=b"{}", query="status=201")
     again = await call(app, "POST", "/orders", headers=keyed("k-1"), body=b"{}", query="status=201")
@@ -69,7 +71,7 @@ async def test_first_answer_is_replayed_with_its_headers(echo: EchoApp, store: G
     assert echo.calls["k-1"] == 1
 
 
-async def test_sorted_query_is_the_same_request(echo: EchoApp, store: GatewayStore):
+async def test_sorted_query_is_the_same_request(echo: EchoApp, store: GatewayStore) -> None:
     app = gateway(echo, store)
     await call(app, "POST", "/q", headers=keyed("k"), query="a=1&b=2")
     again = await call(app, "POST", "/q", headers=keyed("k"), query="b=2&a=1")
@@ -84,7 +86,7 @@ async def test_sorted_query_is_the_same_request(echo: EchoApp, store: GatewaySto
 )  # fmt: skip
 async def test_same_key_for_another_request_is_422(
     echo: EchoApp, store: GatewayStore, path: str, query: str, body: bytes, method: str
-):
+) -> None:
     app = gateway(echo, store)
     await call(app, "POST", "/orders", headers=keyed("k-1"), body=b"{}")
     answer = await call(app, method, path, headers=keyed("k-1"), body=body, query=query)
@@ -94,7 +96,7 @@ async def test_same_key_for_another_request_is_422(
 
 async def test_in_flight_key_is_409_with_retry_after_its_upstream_deadline(
     echo: EchoApp, store: GatewayStore
-):
+) -> None:
     # The first request may take at most its route's 4 s; the in-flight lease is 30 s. A
     # client honouring Retry-After must not wait out the lease.
     app = gateway(echo, store, RoutePolicy(prefix="/", timeout=4.0))
@@ -109,7 +111,7 @@ async def test_in_flight_key_is_409_with_retry_after_its_upstream_deadline(
     assert echo.calls["k"] == 1
 
 
-async def test_stale_fence_is_412_and_stores_nothing(echo: EchoApp, store: GatewayStore):
+async def test_stale_fence_is_412_and_stores_nothing(echo: EchoApp, store: GatewayStore) -> None:
     app = gateway(echo, store)
     fenced = keyed("k-5", x_execution_fence="5", x_execution_entity="invoice:1")
     assert (await call(app, "POST", "/pay", headers=fenced)).status == 200
@@ -123,7 +125,7 @@ async def test_stale_fence_is_412_and_stores_nothing(echo: EchoApp, store: Gatew
     assert echo.calls["k-4"] == 1
 
 
-async def test_equal_fence_is_accepted(echo: EchoApp, store: GatewayStore):
+async def test_equal_fence_is_accepted(echo: EchoApp, store: GatewayStore) -> None:
     app = gateway(echo, store)
     for key in ("a", "b"):
         headers = keyed(key, x_execution_fence="7", x_execution_entity="job:9")
@@ -131,7 +133,7 @@ async def test_equal_fence_is_accepted(echo: EchoApp, store: GatewayStore):
     assert echo.calls["a"] == echo.calls["b"] == 1
 
 
-async def test_fences_are_per_entity(echo: EchoApp, store: GatewayStore):
+async def test_fences_are_per_entity(echo: EchoApp, store: GatewayStore) -> None:
     app = gateway(echo, store)
     high = keyed("a", x_execution_fence="100", x_execution_entity="job:1")
     low = keyed("b", x_execution_fence="1", x_execution_entity="job:2")
@@ -139,7 +141,7 @@ async def test_fences_are_per_entity(echo: EchoApp, store: GatewayStore):
     assert (await call(app, "POST", "/pay", headers=low)).status == 200
 
 
-async def test_fence_entity_from_path_template(echo: EchoApp, store: GatewayStore):
+async def test_fence_entity_from_path_template(echo: EchoApp, store: GatewayStore) -> None:
     capture = RoutePolicy(prefix="/invoices", entity=EntityRule("/invoices/{invoice_id}/capture"))
     app = gateway(echo, store, capture)
     new = [("x-execution-fence", "9"), ("idempotency-key", "a")]
@@ -151,7 +153,7 @@ async def test_fence_entity_from_path_template(echo: EchoApp, store: GatewayStor
     assert other.status == 200
 
 
-async def test_fence_entity_from_json_field(echo: EchoApp, store: GatewayStore):
+async def test_fence_entity_from_json_field(echo: EchoApp, store: GatewayStore) -> None:
     app = gateway(echo, store, RoutePolicy(prefix="/", entity=EntityRule("json:invoice.id")))
     body = b'{"invoice": {"id": "inv-7"}}'
     new = [("x-execution-fence", "3"), ("idempotency-key", "a")]
@@ -162,7 +164,7 @@ async def test_fence_entity_from_json_field(echo: EchoApp, store: GatewayStore):
     assert_problem(missing, 400, "entity-required")
 
 
-async def test_fence_without_entity_is_400(echo: EchoApp, store: GatewayStore):
+async def test_fence_without_entity_is_400(echo: EchoApp, store: GatewayStore) -> None:
     app = gateway(echo, store)
     answer = await call(app, "POST", "/pay", headers=keyed("k", x_execution_fence="1"))
     assert_problem(answer, 400, "entity-required")
@@ -182,7 +184,7 @@ class HeaderTenants:
         return values[0]
 
 
-async def test_tenants_never_share_keys_or_fences(echo: EchoApp, store: GatewayStore):
+async def test_tenants_never_share_keys_or_fences(echo: EchoApp, store: GatewayStore) -> None:
     app = gateway(echo, store, authenticator=HeaderTenants())
     for tenant, fence in (("acme", "10"), ("globex", "1")):
         headers = keyed("same-key", x_tenant=tenant, x_execution_fence=fence,
@@ -215,27 +217,29 @@ async def test_tenants_never_share_keys_or_fences(echo: EchoApp, store: GatewayS
 )  # fmt: skip
 async def test_malformed_headers_are_400(
     echo: EchoApp, store: GatewayStore, headers: list[tuple[str, str]]
-):
+) -> None:
     answer = await call(gateway(echo, store), "POST", "/pay", headers=headers)
     problem = assert_problem(answer, 400, "invalid-header")
     assert problem["header"] in {"Idempotency-Key", "X-Execution-Fence", "X-Execution-Entity"}
     assert sum(echo.calls.values()) == 0
 
 
-async def test_identical_repeated_headers_are_fine(echo: EchoApp, store: GatewayStore):
+async def test_identical_repeated_headers_are_fine(echo: EchoApp, store: GatewayStore) -> None:
     headers = [("idempotency-key", "k"), ("idempotency-key", "k"), ("x-execution-fence", "3"),
                ("x-execution-fence", "3"), ("x-execution-entity", "e")]  # fmt: skip
     assert (await call(gateway(echo, store), "POST", "/pay", headers=headers)).status == 200
 
 
-async def test_quoted_key_is_the_same_key(echo: EchoApp, store: GatewayStore):
+async def test_quoted_key_is_the_same_key(echo: EchoApp, store: GatewayStore) -> None:
     app = gateway(echo, store)
     await call(app, "POST", "/pay", headers=[("idempotency-key", "job-1")])
     again = await call(app, "POST", "/pay", headers=[("idempotency-key", '"job-1"')])
     assert again.header("idempotent-replayed") == "true"
 
 
-async def test_missing_key_is_400_and_missing_fence_is_428(echo: EchoApp, store: GatewayStore):
+async def test_missing_key_is_400_and_missing_fence_is_428(
+    echo: EchoApp, store: GatewayStore
+) -> None:
     fenced = RoutePolicy(prefix="/fenced", fence_required=True)
     app = gateway(echo, store, fenced)
     assert_problem(await call(app, "POST", "/pay"), 400, "key-required")
@@ -243,14 +247,16 @@ async def test_missing_key_is_400_and_missing_fence_is_428(echo: EchoApp, store:
     assert sum(echo.calls.values()) == 0
 
 
-async def test_optional_key_route_passes_unkeyed_requests(echo: EchoApp, store: GatewayStore):
+async def test_optional_key_route_passes_unkeyed_requests(
+    echo: EchoApp, store: GatewayStore
+) -> None:
     app = gateway(echo, store, RoutePolicy(prefix="/", key_required=False))
     assert (await call(app, "POST", "/pay")).status == 200
     assert (await call(app, "POST", "/pay")).status == 200
     assert echo.calls[""] == 2
 
 
-async def test_body_over_the_limit_is_413(echo: EchoApp, store: GatewayStore):
+async def test_body_over_the_limit_is_413(echo: EchoApp, store: GatewayStore) -> None:
     app = gateway(echo, store, RoutePolicy(prefix="/", max_body_bytes=100))
     chunked = await call(app, "POST", "/pay", headers=keyed("k"), body=b"x" * 101, chunk_size=40)
     problem = assert_problem(chunked, 413, "body-too-large")
@@ -262,7 +268,7 @@ async def test_body_over_the_limit_is_413(echo: EchoApp, store: GatewayStore):
     assert echo.calls["k"] == 1
 
 
-async def test_5xx_is_released_so_a_retry_runs_again(echo: EchoApp, store: GatewayStore):
+async def test_5xx_is_released_so_a_retry_runs_again(echo: EchoApp, store: GatewayStore) -> None:
     app = gateway(echo, store)
     for _ in range(2):
         answer = await call(app, "POST", "/pay", headers=keyed("k"), query="status=503")
@@ -271,7 +277,7 @@ async def test_5xx_is_released_so_a_retry_runs_again(echo: EchoApp, store: Gatew
     assert echo.calls["k"] == 2
 
 
-async def test_5xx_is_stored_when_the_route_says_so(echo: EchoApp, store: GatewayStore):
+async def test_5xx_is_stored_when_the_route_says_so(echo: EchoApp, store: GatewayStore) -> None:
     app = gateway(echo, store, RoutePolicy(prefix="/", store_5xx=True))
     await call(app, "POST", "/pay", headers=keyed("k"), query="status=500")
     again = await call(app, "POST", "/pay", headers=keyed("k"), query="status=500")
@@ -279,7 +285,7 @@ async def test_5xx_is_stored_when_the_route_says_so(echo: EchoApp, store: Gatewa
     assert echo.calls["k"] == 1
 
 
-async def test_unstored_status_list_releases_the_rest(echo: EchoApp, store: GatewayStore):
+async def test_unstored_status_list_releases_the_rest(echo: EchoApp, store: GatewayStore) -> None:
     app = gateway(echo, store, RoutePolicy(prefix="/", stored_statuses=frozenset({200})))
     await call(app, "POST", "/pay", headers=keyed("k"), query="status=429")
     again = await call(app, "POST", "/pay", headers=keyed("k"), query="status=429")
@@ -287,7 +293,7 @@ async def test_unstored_status_list_releases_the_rest(echo: EchoApp, store: Gate
     assert echo.calls["k"] == 2
 
 
-async def test_large_response_is_recorded_by_hash(echo: EchoApp, store: GatewayStore):
+async def test_large_response_is_recorded_by_hash(echo: EchoApp, store: GatewayStore) -> None:
     app = gateway(echo, store, RoutePolicy(prefix="/", max_stored_body_bytes=100))
     first = await call(app, "POST", "/report", headers=keyed("k"), query="size=5000")
     assert first.status == 200 and len(first.body) > 5000
@@ -300,7 +306,9 @@ async def test_large_response_is_recorded_by_hash(echo: EchoApp, store: GatewayS
 
 
 @pytest.mark.parametrize("on_unknown", ["retry", "reject"])
-async def test_timeout_is_504_then_per_route(echo: EchoApp, store: GatewayStore, on_unknown: str):
+async def test_timeout_is_504_then_per_route(
+    echo: EchoApp, store: GatewayStore, on_unknown: str
+) -> None:
     route = RoutePolicy(prefix="/", timeout=0.3, on_unknown=on_unknown)  # type: ignore[arg-type]
     app = gateway(echo, store, route)
     answer = await call(app, "POST", "/pay", headers=keyed("k"), query="delay_first=5")
@@ -316,7 +324,7 @@ async def test_timeout_is_504_then_per_route(echo: EchoApp, store: GatewayStore,
         assert echo.seen_headers[-1]["idempotency-key"] == "k"
 
 
-async def test_get_passes_through_without_a_key(echo: EchoApp, store: GatewayStore):
+async def test_get_passes_through_without_a_key(echo: EchoApp, store: GatewayStore) -> None:
     app = gateway(echo, store)
     for _ in range(2):
         answer = await call(app, "GET", "/orders")
@@ -325,7 +333,9 @@ async def test_get_passes_through_without_a_key(echo: EchoApp, store: GatewaySto
 
 
 @pytest.mark.timeout(180)
-async def test_100_concurrent_copies_of_a_new_key_run_once(echo: EchoApp, store: GatewayStore):
+async def test_100_concurrent_copies_of_a_new_key_run_once(
+    echo: EchoApp, store: GatewayStore
+) -> None:
     app = gateway(echo, store)
     answers = await asyncio.gather(
         *(
@@ -372,7 +382,7 @@ async def wait_for(check: Callable[[], Awaitable[bool]], *, timeout: float) -> N
 
 async def test_expired_in_flight_key_is_unknown_and_not_forwarded_by_default(
     echo: EchoApp, store: GatewayStore
-):
+) -> None:
     await reserved_by_a_dead_gateway(store, "k")
     app = gateway(echo, store)
     for _ in range(2):
@@ -385,7 +395,7 @@ async def test_expired_in_flight_key_is_unknown_and_not_forwarded_by_default(
 
 async def test_expired_in_flight_key_is_taken_over_where_the_route_retries(
     echo: EchoApp, store: GatewayStore
-):
+) -> None:
     dead = await reserved_by_a_dead_gateway(store, "k")
     app = gateway(echo, store, RoutePolicy(prefix="/", on_unknown="retry"))
     live = await call(app, "POST", "/pay", headers=keyed("k"), body=b"{}")
@@ -399,18 +409,25 @@ async def test_expired_in_flight_key_is_taken_over_where_the_route_retries(
 @pytest.mark.timeout(120)
 async def test_gateway_renews_its_lease_while_the_upstream_is_slow(
     echo: EchoApp, store: GatewayStore
-):
+) -> None:
     app = gateway(echo, store, inflight_lease_seconds=1.5)
     first = asyncio.create_task(call(app, "POST", "/slow", headers=keyed("k"), query="delay=4"))
     await asyncio.wait_for(echo.started.wait(), 20)
-    await asyncio.sleep(2.5)  # past the first lease: only renewals keep it
+
+    async def past_the_first_lease() -> bool:
+        # By the database clock: from here on only the gateway's renewals keep the key.
+        record = await store.get_key("default", "k", timeout=30)
+        assert record is not None and record.reserved_at is not None
+        return record.now > record.reserved_at + 1.5
+
+    await wait_for(past_the_first_lease, timeout=30)
     second = await call(app, "POST", "/slow", headers=keyed("k"), query="delay=4")
     assert_problem(second, 409, "in-flight")
     assert (await first).status == 200
     assert echo.calls["k"] == 1
 
 
-async def test_works_as_starlette_middleware(store: GatewayStore):
+async def test_works_as_starlette_middleware(store: GatewayStore) -> None:
     executions = 0
 
     async def create(request: Request) -> JSONResponse:

@@ -7,6 +7,7 @@ import datetime
 import hashlib
 import hmac
 import os
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 import httpx
@@ -42,7 +43,10 @@ KEYS = [
         "secret": base64.b64encode(OTHER_SECRET),
     },
 ]
-KEYS = [{k: v.decode() if isinstance(v, bytes) else v for k, v in e.items()} for e in KEYS]
+KEYS = [
+    {k: v.decode() if isinstance(v, bytes) else v for k, v in entry.items()}
+    for entry in cast(list[dict[str, Any]], KEYS)
+]
 
 
 def authenticator(**kwargs: object) -> SignatureAuthenticator:

@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 import stat
-import subprocess
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -188,45 +185,3 @@ def test_existing_key_files_are_never_overwritten(tmp_path: Path) -> None:
             ]
         )
     assert existing.read_text() == "keep me"
-
-
-def test_through_the_installed_command_line(tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    env.pop("FENCEGATE_SIGNING_KEY_ID", None)
-    cli = [sys.executable, "-m", "fencegate.cli", "sign"]
-    key = tmp_path / "worker.key"
-    created = subprocess.run(
-        [
-            *cli,
-            "--new-key",
-            "ed25519",
-            "--key-id",
-            "w1",
-            "--tenant",
-            "acme",
-            "--secret-file",
-            str(key),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-    )
-    assert created.returncode == 0, created.stderr
-    assert created.stdout.startswith("[[keys]]\n")
-    signed = subprocess.run(
-        [*cli, "--key-id", "w1", "--alg", "ed25519", "--secret-file", str(key), URL],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-    )
-    assert signed.returncode == 0, signed.stderr
-    assert 'keyid="w1";alg="ed25519"' in signed.stdout
-    refused = subprocess.run(
-        [*cli, "--secret-file", str(key), URL], capture_output=True, text=True, env=env, timeout=60
-    )
-    assert refused.returncode == 2
-    assert refused.stderr.strip().splitlines() == [
-        "fencegate sign: error: --key-id (or FENCEGATE_SIGNING_KEY_ID) is required"
-    ]

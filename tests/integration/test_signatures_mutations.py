@@ -65,10 +65,10 @@ def signed_requests(draw: st.DrawFn) -> IncomingRequest:
 def _set_header(request: IncomingRequest, name: str, value: str | None) -> IncomingRequest:
     # Replace in place: a header's position is not part of what is signed.
     headers = [(k, value if k == name else v) for k, v in request.headers]
-    headers = [(k, v) for k, v in headers if v is not None]
+    kept = [(k, v) for k, v in headers if v is not None]
     if value is not None and name not in dict(request.headers):
-        headers.append((name, value))
-    return dataclasses.replace(request, headers=tuple(headers))
+        kept.append((name, value))
+    return dataclasses.replace(request, headers=tuple(kept))
 
 
 def _flip(text: str, position: int) -> str:

@@ -90,9 +90,9 @@ def _user_exists(name: str) -> bool:
 
 
 def _start_with_pgserver() -> str:
-    import pgserver  # type: ignore[import-not-found]
+    import pgserver
 
-    server = pgserver.get_server(
+    server = pgserver.get_server(  # type: ignore[attr-defined]  # pgserver re-exports it untyped
         tempfile.mkdtemp(prefix="fencegate-pgserver-"), cleanup_mode="stop"
     )
     return str(server.get_uri())

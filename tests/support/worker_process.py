@@ -1,4 +1,4 @@
-"""A worker process for the kill and fleet tests: ``python -m tests.lease.worker_process``.
+"""A worker process for the kill and fleet tests: ``python -m tests.support.worker_process``.
 
 Runs ``--workers`` Workers in one process (one event loop, each with its own heartbeat
 thread and connection), writes every event as JSON lines to ``--events``, stops gracefully

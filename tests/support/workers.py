@@ -16,9 +16,10 @@ from fencegate.lease.events import EventLog
 from fencegate.lease.metrics import WorkerMetrics
 from fencegate.lease.testing import PartitionedStore, PartitionSwitch
 from fencegate.lease.worker import Worker
+from tests.support.waits import wait_until as wait_until
 
 # lease 2 s > 1 x heartbeat 0.5 s + jitter 0.5 s
-SHORT = {"lease_seconds": 2.0, "heartbeat_seconds": 0.5, "jitter_seconds": 0.5}
+SHORT: dict[str, Any] = {"lease_seconds": 2.0, "heartbeat_seconds": 0.5, "jitter_seconds": 0.5}
 
 
 def make_worker(store: Any, tools: dict[str, Any], **options: Any) -> Worker:
@@ -62,14 +63,6 @@ async def wait_for_state(
         await asyncio.sleep(0.05)
         job = await queue.get(job_id)
     return job
-
-
-async def wait_until(predicate: Any, *, timeout: float = 30.0, what: str = "condition") -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"{what} not reached after {timeout}s")
-        await asyncio.sleep(0.02)
 
 
 async def claim_when_free(

@@ -17,7 +17,7 @@ import orjson
 from fencegate.lease import LeaseQueue
 
 PROCESSES = 2
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 async def drain(
@@ -83,7 +83,7 @@ async def run_processes(url: str, *, tasks: int, abandon_every: int) -> list[dic
             sys.executable,
             "-c",
             "import asyncio, sys, orjson\n"
-            "from tests.lease.test_queue_concurrency import drain\n"
+            "from tests.acceptance.lease.test_queue_concurrency import drain\n"
             "out = asyncio.run(drain(sys.argv[1], sys.argv[2], tasks=int(sys.argv[3]),"
             " abandon_every=int(sys.argv[4]), deadline_seconds=150))\n"
             "sys.stdout.buffer.write(orjson.dumps(out))\n",

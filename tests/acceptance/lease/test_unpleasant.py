@@ -24,10 +24,10 @@ from fencegate.lease.job import JobContext
 from fencegate.lease.metrics import WorkerMetrics
 from fencegate.lease.testing import PartitionedStore, PartitionSwitch
 from fencegate.lease.worker import Worker
-from tests.lease.worker_helpers import running, wait_for_state, wait_until
 from tests.support.gateway import GatewayProcess
 from tests.support.net import TcpRelay
 from tests.support.upstream import UpstreamProcess
+from tests.support.workers import running, wait_for_state, wait_until
 
 STEP = "capture"
 

@@ -9,7 +9,7 @@ import collections
 from pathlib import Path
 
 from fencegate.lease import LeaseQueue
-from tests.lease.test_worker_kill import read, start_worker_process
+from tests.acceptance.lease.test_worker_kill import read, start_worker_process
 
 JOBS = 2_000
 PROCESSES = 2
@@ -70,7 +70,7 @@ async def test_two_processes_of_four_workers_run_each_job_once(
         others = [
             job
             for state in ("queued", "running", "failed", "cancelled")
-            for job in await queue.list_jobs(state=state, limit=10)  # type: ignore[arg-type]
+            for job in await queue.list_jobs(state=state, limit=10)
         ]
     finally:
         await queue.close()

@@ -10,11 +10,12 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from fencegate.lease import LeaseQueue
 from fencegate.lease.events import read_events
-from tests.lease.worker_helpers import claim_when_free
 from tests.support.processes import REPO_ROOT, child_env
+from tests.support.workers import claim_when_free
 
 
 def start_worker_process(url: str, events: Path, *args: str) -> subprocess.Popen[bytes]:
@@ -22,7 +23,7 @@ def start_worker_process(url: str, events: Path, *args: str) -> subprocess.Popen
         [
             sys.executable,
             "-m",
-            "tests.lease.worker_process",
+            "tests.support.worker_process",
             "--url",
             url,
             "--events",
@@ -110,7 +111,8 @@ async def test_sigterm_finishes_what_it_can_and_releases_the_rest(
 ) -> None:
     queue = await LeaseQueue.connect(store_url)
     events = tmp_path / "events.jsonl"
-    intervals = {"lease_seconds": 2.0, "heartbeat_seconds": 0.5, "jitter_seconds": 0.5}
+    intervals: dict[str, Any] = {"lease_seconds": 2.0, "heartbeat_seconds": 0.5,
+                                 "jitter_seconds": 0.5}  # fmt: skip
     short_id = await queue.enqueue(
         "work", {"seconds": 1.0}, idempotency_key="work:short", **intervals
     )

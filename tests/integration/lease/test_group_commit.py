@@ -16,7 +16,7 @@ import pytest
 
 from fencegate.lease import LeaseQueue, StoreUnavailable
 from fencegate.lease.models import Lease
-from tests.lease.worker_helpers import wait_until
+from tests.support.workers import wait_until
 
 LONG = {"lease_seconds": 60.0, "heartbeat_seconds": 20.0, "jitter_seconds": 5.0}
 
@@ -65,7 +65,7 @@ async def test_batched_completion_rejects_only_the_lost_lease(queue: LeaseQueue)
         queue.complete(third, "c"),
         queue.complete(wrong_token, "d"),
     )
-    assert answers == [True, False, True, False]
+    assert list(answers) == [True, False, True, False]
     assert queue.round_trips - before < 4  # they did share a statement
     assert (await queue.get(first.job_id)).result == "a"
     assert (await queue.get(third.job_id)).result == "c"
@@ -85,7 +85,7 @@ async def test_batched_failures_answer_each_job(queue: LeaseQueue) -> None:
         queue.fail(lost, {"type": "Boom"}, retry_in=30),
         queue.fail(final, {"type": "Fatal"}, permanent=True),
     )
-    assert answers == [True, False, True]
+    assert list(answers) == [True, False, True]
     retried = await queue.get(retry.job_id)
     assert (retried.state, retried.owner_id, retried.error) == ("queued", None, {"type": "Boom"})
     assert retried.run_after > await queue.now()
@@ -105,7 +105,7 @@ async def test_batched_stage_commits_answer_each_stage(queue: LeaseQueue) -> Non
         queue.commit_stage(two, "fetch", {"rows": 3}),
         queue.commit_stage(one, "draft", {"pages": 4}),  # a second stage of one job
     )
-    assert answers == [True, False, True, True]
+    assert list(answers) == [True, False, True, True]
     assert (await queue.stage_result(one, "fetch")).result == {"rows": 1}  # type: ignore[union-attr]
     assert (await queue.stage_result(one, "draft")).result == {"pages": 4}  # type: ignore[union-attr]
     assert await queue.stage_result(lost, "fetch") is None

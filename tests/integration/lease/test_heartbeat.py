@@ -20,7 +20,7 @@ from fencegate.lease.heartbeat import HeartbeatController
 from fencegate.lease.job import JobContext
 from fencegate.lease.metrics import WorkerMetrics
 from fencegate.lease.testing import PartitionedStore, PartitionSwitch
-from tests.lease.worker_helpers import (
+from tests.support.workers import (
     claim_when_free,
     make_worker,
     names,

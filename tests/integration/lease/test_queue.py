@@ -17,9 +17,21 @@ from fencegate.lease import (
     UnknownWorkClass,
     WorkClass,
 )
+from tests.support.waits import wait_until
 
 # Short intervals that still keep the rule: 1.0 > 1 x 0.25 + 0.5.
 SHORT: dict[str, Any] = {"lease_seconds": 1.0, "heartbeat_seconds": 0.25, "jitter_seconds": 0.5}
+
+
+async def wait_for_clock_to_move(queue: LeaseQueue) -> None:
+    """Wait until the database clock has moved on from now (SQLite's moves in milliseconds),
+    so that a renewal lands later than the claim."""
+    start = await queue.now()
+
+    async def moved() -> bool:
+        return await queue.now() > start
+
+    await wait_until(moved, timeout=10, what="the database clock to move")
 
 
 async def wait_until_expired(queue: LeaseQueue, lease: Lease) -> None:
@@ -164,7 +176,7 @@ async def test_run_after_delays_the_job(queue: LeaseQueue) -> None:
 async def test_extend_renews_only_for_the_current_owner(queue: LeaseQueue) -> None:
     await queue.enqueue("create_case", None, **SHORT)
     lease = await claim_one(queue, "w1")
-    await asyncio.sleep(0.05)  # SQLite's clock moves in milliseconds
+    await wait_for_clock_to_move(queue)
     renewed = await queue.extend(lease)
     assert renewed is not None
     assert renewed.lease_until > lease.lease_until
@@ -180,7 +192,7 @@ async def test_extend_renews_only_for_the_current_owner(queue: LeaseQueue) -> No
 async def test_extend_many_answers_per_lease(queue: LeaseQueue) -> None:
     await queue.enqueue_many([{"kind": "create_case", "payload": i} for i in range(3)])
     leases = await queue.claim("w1", limit=3)
-    await asyncio.sleep(0.05)  # SQLite's clock moves in milliseconds
+    await wait_for_clock_to_move(queue)
     stale = _with(leases[1], fencing_token=leases[1].fencing_token + 100)
     renewed = await queue.extend_many([leases[0], stale, leases[2]])
     assert renewed[1] is None
@@ -437,18 +449,18 @@ async def test_wait_for_work_wakes_when_work_is_queued(queue: LeaseQueue) -> Non
     await queue.claim("w1", kinds=["create_case"])
     assert await queue.wait_for_work(["create_case"], timeout=0.3) is False
     waiter = asyncio.create_task(queue.wait_for_work(["create_case"], timeout=30))
-    await asyncio.sleep(0.2)
+    # Nothing to wake it yet, and work of another kind does not either: the waiter must
+    # still be waiting a while after each.
+    assert not (await asyncio.wait({waiter}, timeout=0.2))[0]
     await queue.enqueue("other_kind", None)
-    await asyncio.sleep(0.2)
-    assert not waiter.done()
+    assert not (await asyncio.wait({waiter}, timeout=0.2))[0]
     await queue.enqueue("create_case", None)
     assert await asyncio.wait_for(waiter, 40) is True
     [lease] = await queue.claim("w1", kinds=["create_case"])
     # Work given back is announced as well.
     assert await queue.wait_for_work(["create_case"], timeout=0.3) is False
     waiter = asyncio.create_task(queue.wait_for_work(["create_case"], timeout=30))
-    await asyncio.sleep(0.2)
-    assert not waiter.done()
+    assert not (await asyncio.wait({waiter}, timeout=0.2))[0]
     assert await queue.release(lease) is True
     assert await asyncio.wait_for(waiter, 40) is True
 

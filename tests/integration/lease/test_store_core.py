@@ -3,7 +3,7 @@ a PostgreSQL schema named in the URL, and the one error rule."""
 
 from __future__ import annotations
 
-import asyncio
+from typing import Any
 
 import asyncpg
 
@@ -13,8 +13,9 @@ from fencegate.lease import errors as lease_errors
 from fencegate.store.dburl import parse_database_url
 from fencegate.store.migrations import migrate
 from fencegate.store.pg import PgDatabase
+from tests.support.waits import wait_until
 
-SHORT = {"lease_seconds": 0.3, "heartbeat_seconds": 0.1, "jitter_seconds": 0.05}
+SHORT: dict[str, Any] = {"lease_seconds": 0.3, "heartbeat_seconds": 0.1, "jitter_seconds": 0.05}
 
 
 async def test_a_batch_gets_ascending_tokens_in_job_id_order(queue: LeaseQueue) -> None:
@@ -25,7 +26,11 @@ async def test_a_batch_gets_ascending_tokens_in_job_id_order(queue: LeaseQueue) 
     # takes it first (expired leases come first), but its token still follows the job id.
     [held] = await queue.claim("w1", kinds=["y"])
     assert held.job_id == third
-    await asyncio.sleep(0.5)
+
+    async def expired() -> bool:  # on the database clock, the one claims are judged by
+        return await queue.now() > held.lease_until
+
+    await wait_until(expired, timeout=30, what="the held lease to run out")
     batch = await queue.claim("w2", limit=3)
     assert [lease.job_id for lease in batch] == [first, second, third]
     tokens = [lease.fencing_token for lease in batch]

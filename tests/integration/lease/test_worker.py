@@ -5,18 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
 
-from fencegate.lease import LeaseQueue, StoreUnavailable, WorkClass
+from fencegate.lease import Lease, LeaseQueue, StoreUnavailable, WorkClass
 from fencegate.lease.events import EventLog, digest
+from fencegate.lease.execution import PermanentError
 from fencegate.lease.job import JobContext
 from fencegate.lease.metrics import WorkerMetrics
 from fencegate.lease.testing import PartitionedStore, PartitionSwitch
-from fencegate.lease.worker import PermanentError, Worker
-from tests.lease.worker_helpers import (
+from fencegate.lease.worker import Worker
+from tests.support.workers import (
     SHORT,
     claim_when_free,
     make_worker,
@@ -25,7 +27,6 @@ from tests.lease.worker_helpers import (
     wait_for_state,
     wait_until,
 )
-from tests.support.upstream import UpstreamProcess
 
 
 async def test_runs_jobs_and_commits_results(store_url: str, queue: LeaseQueue) -> None:
@@ -115,10 +116,20 @@ async def test_a_scheduled_retry_is_reported_as_such_whatever_happens_next(
         of the job a rival claims the retry and fails the job for good."""
 
         def __init__(self, inner: LeaseQueue) -> None:
-            self.inner, self.acted = inner, False
+            self.inner, self.acted, self.claimed = inner, False, False
 
         def __getattr__(self, name: str) -> Any:
             return getattr(self.inner, name)
+
+        async def claim(self, owner: str, **options: Any) -> list[Lease]:
+            # The retry is the rival's: with free slots and a 50 ms backoff this worker's
+            # own claim loop could otherwise win it while the rival is still polling, and
+            # then report a second attempt of its own.
+            if self.claimed:
+                return []
+            leases: list[Lease] = await self.inner.claim(owner, **options)
+            self.claimed = bool(leases)
+            return leases
 
         async def get(self, job_id: int, *, timeout: float) -> Any:
             if not self.acted:
@@ -340,21 +351,32 @@ async def test_graceful_stop_releases_what_cannot_finish(store_url: str, queue: 
 
 
 async def test_wakes_on_new_work_without_waiting_for_the_poll(
-    store_url: str, queue: LeaseQueue
+    store_url: str, queue: LeaseQueue, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     done = asyncio.Event()
+    waiting = asyncio.Event()
 
     async def note(job: JobContext) -> None:
         done.set()
 
+    worker_queue = await LeaseQueue.connect(store_url)
+    wait_for_work = worker_queue.wait_for_work
+
+    async def noted_wait(kinds: Sequence[str] | None = None, *, timeout: float = 10.0) -> bool:
+        waiting.set()
+        return await wait_for_work(kinds, timeout=timeout)
+
+    monkeypatch.setattr(worker_queue, "wait_for_work", noted_wait)
     # A poll this long would make the test time out: only the wake-up can finish it.
-    worker = make_worker(store_url, {"note": note}, poll_seconds=300.0)
-    async with running(worker):
-        await wait_until(lambda: worker.events.named("worker_started"), what="start")
-        await asyncio.sleep(0.3)  # let the worker settle into waiting
-        began = time.monotonic()
-        await queue.enqueue("note", {}, idempotency_key="note:1", **SHORT)
-        await asyncio.wait_for(done.wait(), 60)
+    worker = make_worker(worker_queue, {"note": note}, poll_seconds=300.0)
+    try:
+        async with running(worker):
+            await asyncio.wait_for(waiting.wait(), 30)  # the worker is waiting for work
+            began = time.monotonic()
+            await queue.enqueue("note", {}, idempotency_key="note:1", **SHORT)
+            await asyncio.wait_for(done.wait(), 60)
+    finally:
+        await worker_queue.close()
     assert time.monotonic() - began < 300.0
 
 
@@ -398,29 +420,3 @@ async def test_an_unreachable_store_fails_the_start_with_one_clear_error() -> No
     with pytest.raises(StoreUnavailable, match="did not answer"):
         await asyncio.wait_for(worker.run(), 30)
     assert [e["event"] for e in worker.events.records] == ["worker_stopped"]
-
-
-async def test_requests_inside_a_stage_carry_the_stage_in_their_key(
-    store_url: str, queue: LeaseQueue
-) -> None:
-    with UpstreamProcess() as upstream:
-
-        async def notify(job: JobContext) -> dict[str, list[str]]:
-            async def send(channel: str) -> str:
-                answer = await job.http().post(f"{upstream.url}/notify/{channel}", json={})
-                return str((await answer.json())["key"])
-
-            # Two stages at once: each request is keyed by its own stage.
-            keys = await asyncio.gather(
-                job.stage("email", lambda: send("email")),
-                job.stage("sms", lambda: send("sms")),
-            )
-            return {"keys": list(keys)}
-
-        job_id = await queue.enqueue("notify", {}, idempotency_key="notify:c-1048", **SHORT)
-        worker = make_worker(store_url, {"notify": notify})
-        await asyncio.wait_for(worker.run_until_idle(), 60)
-    job = await queue.get(job_id)
-    assert job.result == {
-        "keys": ["notify:c-1048:email:POST /notify/email", "notify:c-1048:sms:POST /notify/sms"]
-    }

@@ -11,7 +11,7 @@ from typing import Any
 
 from fencegate.lease import Lease, LeaseQueue
 from fencegate.lease.job import JobContext
-from tests.lease.worker_helpers import SHORT, make_worker, running, wait_for_state, wait_until
+from tests.support.workers import SHORT, make_worker, running, wait_for_state, wait_until
 
 
 class CountingRenewals:

@@ -11,7 +11,7 @@ from fencegate.lease import LeaseQueue
 from fencegate.lease.job import JobContext
 from fencegate.lease.metrics import WorkerMetrics
 from fencegate.lease.testing import PartitionSwitch
-from tests.lease.worker_helpers import (
+from tests.support.workers import (
     SHORT,
     make_worker,
     partitioned_heartbeat,

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fencegate.lease import IntervalRuleViolation, LeaseQueue, WorkClass
+from fencegate.lease import IntervalRuleViolation, WorkClass
 from fencegate.lease.policy import backoff_seconds, check_intervals
 
 
@@ -58,17 +58,6 @@ def test_the_bound_itself_is_refused() -> None:
 def test_nonsense_work_classes_are_refused(values: dict[str, object]) -> None:
     with pytest.raises(ValueError):
         WorkClass(**{"kind": "k", **values})  # type: ignore[arg-type]
-
-
-async def test_declare_registers_the_class(sqlite_url: str) -> None:
-    queue = await LeaseQueue.connect(sqlite_url)
-    try:
-        wc = queue.declare(
-            WorkClass(kind="ocr", lease_seconds=20, heartbeat_seconds=5, jitter_seconds=5)
-        )
-        assert queue.work_class("ocr") is wc
-    finally:
-        await queue.close()
 
 
 def test_backoff_doubles_and_is_capped() -> None:

@@ -1,0 +1,55 @@
+"""Shared story for the operator command, console and console-browser tests: two workers,
+one fenced off by the gateway's store."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fencegate.lease import LeaseQueue
+from fencegate.store import DecideRequest, Reservation, open_gateway_store
+
+
+def request(token: int, owner: str, key: str, entity: str, **extra: Any) -> DecideRequest:
+    fields: dict[str, Any] = {
+        "tenant": "acme", "key": key, "fingerprint": "f", "entity": entity, "fence": token,
+        "owner": owner, "lease_seconds": 30.0, "ttl_seconds": 3600.0, "retry_unknown": False,
+        "request_id": f"req-{owner}", "method": "POST", "target": "/v1/charges",
+    }  # fmt: skip
+    return DecideRequest(**(fields | extra))
+
+
+async def two_workers_one_fenced_off(url: str) -> tuple[int, int, int]:
+    """W1 claims the job and is cut off; its lease runs out; W2 claims it (a larger token)
+    and charges; W1's late request arrives with the old token. Returns (job, t1, t2)."""
+    queue = await LeaseQueue.connect(url)
+    store = await open_gateway_store(url, run_migrations=False)
+    try:
+        job = await queue.enqueue(
+            "capture", {"invoice": "inv-1"}, idempotency_key="capture:inv-1", max_attempts=3,
+            lease_seconds=0.5, heartbeat_seconds=0.1, jitter_seconds=0.1,
+        )  # fmt: skip
+        [first] = await queue.claim("worker-1", kinds=["capture"], limit=1)
+        second = None
+        deadline = asyncio.get_running_loop().time() + 30
+        while second is None:  # wait for the lease to run out, by the database clock
+            assert asyncio.get_running_loop().time() < deadline, "lease never ran out"
+            claimed = await queue.claim("worker-2", kinds=["capture"], limit=1)
+            second = claimed[0] if claimed else None
+            await asyncio.sleep(0.05)
+        key = "capture:inv-1:POST /v1/charges"
+        entity = f"job:{job}"
+        accepted = await store.decide(
+            request(second.fencing_token, "gw/1", key, entity), timeout=30
+        )
+        assert accepted.outcome == "reserved"
+        holder = Reservation("acme", key, "gw/1", 1, "req-gw/1")
+        assert await store.mark_unknown(holder, timeout=30)  # the charge timed out
+        stale = await store.decide(request(first.fencing_token, "gw/2", key, entity), timeout=30)
+        assert stale.outcome == "stale"
+        error = {"code": "charge_timeout", "message": "card 4242 4242 declined for c-1048"}
+        assert await queue.fail(second, error, retry_in=None)
+        return job, first.fencing_token, second.fencing_token
+    finally:
+        await store.close()
+        await queue.close()
