@@ -19,8 +19,6 @@ __all__ = ["StoreUnavailable"]  # one class for every store, defined with the er
 DEFAULT_FENCE_TTL_SECONDS = 30 * 24 * 3600.0  # fences outlive keys: a late worker may wake up
 
 
-
-
 class Outcome(StrEnum):
     STALE = "stale"  # fence below last_accepted: nothing stored
     FENCE_ONLY = "fence_only"  # fence accepted, no key to reserve

@@ -32,6 +32,7 @@ def body_of(error: stripe.StripeError) -> dict[str, Any]:
     assert isinstance(error.json_body, dict), error.http_body
     return error.json_body
 
+
 # The upstream answers within a second or the outcome is unknown.
 ROUTES = '[[routes]]\nprefix = "/v1"\ntimeout = {timeout}\nerror_format = "stripe"\n'
 
