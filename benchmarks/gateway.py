@@ -652,6 +652,10 @@ def main(argv: list[str] | None = None) -> int:
                      gw_nohist.pid, None, up, nohist_database),
             Scenario("fencegate PG, replay", gw_pg.url, "replay", gw_pg.pid, 1.0, up,
                      pg_database),
+            # A replay writes its history row (and so commits); without the history it is a
+            # read: this row shows what the history costs a replay.
+            Scenario("fencegate PG, replay, no history", gw_nohist.url, "replay",
+                     gw_nohist.pid, None, up, nohist_database),
         ]  # fmt: skip
 
         peers: list[Scenario] = []
