@@ -223,7 +223,7 @@ class Engine:
     async def _relay(self, forward: Forward, policy: RoutePolicy, label: str) -> GatewayResponse:
         """Forward without a reservation: nothing to record either way."""
         try:
-            answer = await self._timed_forward(forward, policy)
+            answer = await forward(policy.timeout)
         except UpstreamRefused as exc:
             raise upstream_unreachable(exc, released=False) from exc
         except UpstreamOutcomeUnknown as exc:
@@ -332,7 +332,7 @@ class Engine:
 
         timer = loop.call_later(self.renew_every, start_renewing)
         try:
-            return await self._timed_forward(forward, policy)
+            return await forward(policy.timeout)
         finally:
             timer.cancel()
             if renewer is not None:
@@ -358,14 +358,6 @@ class Engine:
             finally:
                 self._store_latency("renew", started)
             await asyncio.sleep(self.renew_every)
-
-    async def _timed_forward(self, forward: Forward, policy: RoutePolicy) -> UpstreamResponse:
-        started = time.perf_counter()
-        try:
-            return await forward(policy.timeout)
-        finally:
-            if self.metrics is not None:
-                self.metrics.upstream_latency.observe(time.perf_counter() - started)
 
     def _store_latency(self, operation: str, started: float) -> None:
         if self.metrics is not None:

@@ -85,7 +85,7 @@ class FenceGateMiddleware:
                 send,
                 problem_response(problem),
                 policy=unroutable_policy(self._routes, scope),
-                trace=start_trace(scope),
+                trace=start_trace(scope, None),
                 metrics=self.metrics,
                 owner=self._pipeline.owner if self._pipeline is not None else "",
             )

@@ -49,16 +49,19 @@ def route_request(routes: RouteTable, scope: Scope) -> tuple[Target, RoutePolicy
     return target, policy
 
 
-def start_trace(scope: Scope) -> DecisionTrace:
-    """The log line's first facts, known before routing: even a refused target is logged
-    as it was sent."""
-    raw = scope.get("raw_path")
-    if not isinstance(raw, bytes | bytearray) or not raw:
-        raw = str(scope.get("path", "/")).encode("latin-1", "replace")
-    path = bytes(raw).split(b"?", 1)[0].decode("latin-1")
-    query = scope.get("query_string", b"")
-    target = f"{path}?{query.decode('latin-1')}" if query else path
-    return DecisionTrace(request_id=request_id_of(scope), method=scope["method"], target=target)
+def start_trace(scope: Scope, target: Target | None) -> DecisionTrace:
+    """The log line's first facts. A routed request logs its parsed target; a refused one
+    the path as the server saw it, so that it too is logged as it was sent."""
+    if target is not None:
+        sent = target.raw
+    else:
+        raw = scope.get("raw_path")
+        if not isinstance(raw, bytes | bytearray) or not raw:
+            raw = str(scope.get("path", "/")).encode("latin-1", "replace")
+        path = bytes(raw).split(b"?", 1)[0].decode("latin-1")
+        query = scope.get("query_string", b"")
+        sent = f"{path}?{query.decode('latin-1')}" if query else path
+    return DecisionTrace(request_id=request_id_of(scope), method=scope["method"], target=sent)
 
 
 def unroutable_policy(routes: RouteTable, scope: Scope) -> RoutePolicy:
@@ -114,14 +117,13 @@ class Pipeline:
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        trace = start_trace(scope)
         try:
             target, policy = route_request(self.routes, scope)
         except Problem as problem:
             policy = unroutable_policy(self.routes, scope)
-            await self._answer(send, problem_response(problem), policy, trace)
+            await self._answer(send, problem_response(problem), policy, start_trace(scope, None))
             return
-        await self.handle(scope, receive, send, target, policy, trace)
+        await self.handle(scope, receive, send, target, policy, start_trace(scope, target))
 
     async def handle(
         self,
@@ -135,7 +137,7 @@ class Pipeline:
         """The request once routed (the middleware routes first, to pass unguarded requests
         straight to its app)."""
         if trace is None:
-            trace = start_trace(scope)
+            trace = start_trace(scope, target)
         try:
             body = await read_body(scope, receive, limit=policy.max_body_bytes)
         except ClientDisconnected:
@@ -164,17 +166,21 @@ class Pipeline:
         trace.tenant = tenant
 
         upstream = self.upstream
+        metrics = self.metrics
         step = trace  # narrowed to a DecisionTrace for the closure
 
         async def forward(timeout: float) -> UpstreamResponse:
+            # Timed once, here: for the decision log and for the latency histogram.
             started = time.perf_counter()
+            status: int | None = None
             try:
                 response = await upstream.send(request, policy, scope, receive, timeout=timeout)
-            except BaseException:
-                step.upstream_called(started, None)
-                raise
-            step.upstream_called(started, response.status)
-            return response
+                status = response.status
+                return response
+            finally:
+                step.upstream_called(started, status)
+                if metrics is not None:
+                    metrics.upstream_latency.observe(step.upstream_seconds or 0.0)
 
         response = await self.engine.handle(request, policy, tenant, forward, trace=trace)
         await self._answer(send, response, policy, trace)
