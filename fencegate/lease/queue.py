@@ -14,18 +14,17 @@ and lease, each caller still getting its own answer. An idle queue sends a call 
 
 from __future__ import annotations
 
-import asyncio
 import random
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
-from typing import Any, TypedDict, TypeVar, Unpack
+from typing import Any, TypedDict, Unpack
 
 import orjson
 
 from fencegate.lease.drivers.base import Driver
-from fencegate.lease.errors import JobNotFound, StoreUnavailable, UnknownWorkClass
+from fencegate.lease.errors import JobNotFound, UnknownWorkClass
 from fencegate.lease.models import (
     JOB_STATES,
     Attempt,
@@ -36,14 +35,11 @@ from fencegate.lease.models import (
     StageRecord,
 )
 from fencegate.lease.policy import WorkClass, backoff_seconds, check_intervals, fails_for_good
-from fencegate.store.base import StoreUnavailable as QueuedTooLong
 from fencegate.store.batching import Batcher
 from fencegate.store.dburl import parse_database_url
 
 DEFAULT_TIMEOUT = 10.0
 
-I = TypeVar("I")  # noqa: E741
-R = TypeVar("R")
 
 # Items per coalesced statement, and statements of one kind in flight at once: two, so that
 # a batch fills up while the previous one is on the wire.
@@ -275,7 +271,7 @@ class LeaseQueue:
     async def extend(self, lease: Lease, *, timeout: float = DEFAULT_TIMEOUT) -> Lease | None:
         """Renew a lease for its own duration from now. None means the lease is lost (expired,
         taken over, cancelled or finished): stop, and commit nothing."""
-        lease_until = await _submit(self._renewals, lease, timeout)
+        lease_until = await self._renewals.submit(lease, timeout=timeout)
         if lease_until is None:
             return None
         return replace(lease, lease_until=lease_until)
@@ -299,7 +295,7 @@ class LeaseQueue:
         """Store the result and mark the job succeeded, only while the lease is held.
         False means rejected: the result was not stored."""
         _check_json(result, "result")
-        return await _submit(self._completions, (lease, result), timeout)
+        return await self._completions.submit((lease, result), timeout=timeout)
 
     async def complete_many(
         self, items: Sequence[tuple[Lease, Any]], *, timeout: float = DEFAULT_TIMEOUT
@@ -342,7 +338,7 @@ class LeaseQueue:
                 cap=policy.backoff_max_seconds,
                 rng=self._rng,
             )
-        state = await _submit(self._failures, (lease, error, delay), timeout)
+        state = await self._failures.submit((lease, error, delay), timeout=timeout)
         return state is not None
 
     async def release(self, lease: Lease, *, timeout: float = DEFAULT_TIMEOUT) -> bool:
@@ -419,7 +415,7 @@ class LeaseQueue:
             raise ValueError("a stage needs a name")
         _check_json(result, "stage result")
         item = (lease, name, self.stage_key(lease, name), result)
-        return await _submit(self._stages, item, timeout)
+        return await self._stages.submit(item, timeout=timeout)
 
     # -- coalesced writes: one driver call per batch ---------------------------------------
 
@@ -453,21 +449,6 @@ class LeaseQueue:
         """
         _check_kinds(kinds)
         return await self._driver.wait_for_work(kinds, timeout=timeout)
-
-
-async def _submit(batcher: Batcher[I, R], item: I, timeout: float) -> R:
-    """One caller's share of a coalesced write, never waiting past its own ``timeout``.
-
-    The batcher bounds a batch by its earliest deadline, but a call queued behind batches
-    in flight would wait for them; the outer bound keeps each caller's promise.
-    """
-    try:
-        async with asyncio.timeout(timeout):
-            return await batcher.submit(item, timeout=timeout)
-    except TimeoutError:
-        raise StoreUnavailable(f"no answer from the store within {timeout:g}s") from None
-    except QueuedTooLong as exc:
-        raise StoreUnavailable(str(exc)) from None
 
 
 def _check_json(value: Any, what: str) -> None:

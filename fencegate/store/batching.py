@@ -34,13 +34,32 @@ class Batcher(Generic[I, R]):
         self._in_flight: set[asyncio.Task[None]] = set()
 
     async def submit(self, item: I, *, timeout: float) -> R:
-        """The item's result. A call still queued when its ``timeout`` has passed is never
-        sent: the caller has already given up on it."""
-        future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
-        self._pending.append((item, time.monotonic() + timeout, future))
+        """The item's result, within ``timeout``. A call still queued when its ``timeout``
+        has passed is never sent (the caller has given up on it) and fails at once with
+        `StoreUnavailable`; a call already sent waits for its batch, whose run is bounded by
+        the earliest deadline in it, so by this call's own."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[R] = loop.create_future()
+        entry = (item, time.monotonic() + timeout, future)
+        self._pending.append(entry)
         if len(self._in_flight) < self._max_in_flight:
             self._start()
-        return await future
+        if future.done() or entry not in self._pending:
+            return await future  # sent at once: no timer needed on the common path
+        expiry = loop.call_later(timeout, self._expire, entry)
+        try:
+            return await future
+        finally:
+            expiry.cancel()
+
+    def _expire(self, entry: tuple[I, float, asyncio.Future[R]]) -> None:
+        """A queued call's deadline passed behind batches in flight: fail it, unsent."""
+        try:
+            self._pending.remove(entry)
+        except ValueError:
+            return  # already sent
+        if not entry[2].done():
+            entry[2].set_exception(StoreUnavailable("no answer in time (queued)"))
 
     def _take(self) -> list[tuple[I, float, asyncio.Future[R]]]:
         """The next batch to send; calls whose deadline has passed fail here, unsent."""
