@@ -31,28 +31,6 @@ from fencegate.store.sqlite_db import SQLiteDatabase, write_transaction
 
 Row = dict[str, Any]
 
-_NAMES = (
-    "clock",
-    "keys",
-    "decisions_for",
-    "fence",
-    "jobs",
-    "job",
-    "attempts",
-    "attempts_by_token",
-    "stages",
-    "queue_depth",
-    "running_leases",
-    "reclaimed",
-    "unknown_keys",
-    "recent_decisions",
-    "job_retry",
-    "jobs_purge",
-    "audit",
-    "audit_log",
-    "job_payload",
-    "ownership_by_kind",
-)
 
 KEY_STATES = ("in_flight", "completed", "outcome_unknown", "unknown")
 JOB_STATES = ("queued", "running", "succeeded", "failed", "cancelled")
@@ -75,7 +53,7 @@ class Inspector:
     def __init__(self, target: DatabaseURL, db: PgDatabase | SQLiteDatabase) -> None:
         self.target = target
         self._db = db
-        self._q = Queries(target.kind, *_NAMES)
+        self._q = Queries(target.kind)
 
     @classmethod
     async def open(cls, url: str | None, *, timeout: float = 10.0) -> Inspector:

@@ -34,24 +34,7 @@ from fencegate.store.queries import Queries
 # A decision to make, or an answer to record for a reservation.
 _Step = DecideRequest | tuple[Reservation, StoredResponse]
 
-Q = Queries(
-    "postgresql",
-    "step",
-    "release",
-    "mark_unknown",
-    "renew",
-    "remember_nonce",
-    "get_key",
-    "resolve_completed",
-    "resolve_released",
-    "migrations_table",
-    "applied_migrations",
-    "purge_keys",
-    "purge_fences",
-    "purge_nonces",
-    "purge_decisions",
-    "ping",
-)
+Q = Queries("postgresql")
 
 
 def _decision(row: asyncpg.Record) -> Decision:

@@ -38,31 +38,7 @@ from fencegate.store.sqlite_db import SQLiteDatabase, write_transaction
 
 T = TypeVar("T")
 
-Q = Queries(
-    "sqlite",
-    "now",
-    "fence_get",
-    "fence_accept",
-    "key_get",
-    "key_reserve",
-    "key_take_over",
-    "record_decision",
-    "complete",
-    "release",
-    "mark_unknown",
-    "renew",
-    "remember_nonce",
-    "get_key",
-    "resolve_completed",
-    "resolve_released",
-    "migrations_table",
-    "applied_migrations",
-    "purge_keys",
-    "purge_fences",
-    "purge_nonces",
-    "purge_decisions",
-    "ping",
-)
+Q = Queries("sqlite")
 
 
 class _CallerGaveUp(Exception):

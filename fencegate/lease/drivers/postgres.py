@@ -29,25 +29,7 @@ T = TypeVar("T")
 
 CHANNEL = "fencegate_jobs"
 
-Q = Queries(
-    "postgresql",
-    "lease_now",
-    "lease_ping",
-    "lease_enqueue",
-    "lease_claim_one_kind",
-    "lease_claim_kinds",
-    "lease_claim_any",
-    "lease_extend_many",
-    "lease_complete_many",
-    "lease_fail_many",
-    "lease_release",
-    "lease_cancel",
-    "lease_get_job",
-    "lease_list_jobs",
-    "lease_attempts",
-    "lease_stage_result",
-    "lease_commit_stage_many",
-)
+Q = Queries("postgresql")
 
 
 def _dumps(value: Any) -> str:

@@ -29,34 +29,7 @@ T = TypeVar("T")
 
 POLL_SECONDS = 0.05
 
-Q = Queries(
-    "sqlite",
-    "lease_now",
-    "lease_ping",
-    "lease_enqueue",
-    "lease_job_by_key",
-    "lease_fail_exhausted",
-    "lease_claimable_expired",
-    "lease_claimable_queued",
-    "lease_take_tokens",
-    "lease_grant",
-    "lease_open_attempt",
-    "lease_end_attempt",
-    "lease_extend",
-    "lease_complete",
-    "lease_fail",
-    "lease_release",
-    "lease_cancel_target",
-    "lease_cancel",
-    "lease_get_job",
-    "lease_list_jobs",
-    "lease_attempts",
-    "lease_stage_result",
-    "lease_held",
-    "lease_insert_stage",
-    "lease_stage_is_mine",
-    "lease_ready",
-)
+Q = Queries("sqlite")
 
 
 def _now(conn: sqlite3.Connection) -> float:
