@@ -8,8 +8,8 @@ and the state before and after. The callers open the stores; this module only ac
 from __future__ import annotations
 
 import hashlib
-from datetime import UTC, datetime
 
+from fencegate.commands.output import when
 from fencegate.lease import LeaseQueue
 from fencegate.store import GatewayStore, KeyRecord, ResolveResult, StoredResponse
 from fencegate.store.inspect import Inspector, Row
@@ -91,12 +91,6 @@ async def key_history(inspector: Inspector, *, tenant: str, key: str, timeout: f
     return [e for e in trace.events if e["source"] == "gateway" and e["key"] == key]
 
 
-def _when(epoch: float | None) -> str | None:
-    if epoch is None:
-        return None
-    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="milliseconds")
-
-
 def key_fields(record: KeyRecord) -> dict[str, object]:
     """A key as the operator reads it, and as its audit records keep it."""
     lease_left = (
@@ -115,9 +109,9 @@ def key_fields(record: KeyRecord) -> dict[str, object]:
         "fence": record.fence,
         "fingerprint": record.fingerprint,
         "lease_seconds_left": lease_left,
-        "reserved_at": _when(record.reserved_at),
-        "created_at": _when(record.created_at),
-        "completed_at": _when(record.completed_at),
-        "expires_at": _when(record.expires_at),
+        "reserved_at": when(record.reserved_at),
+        "created_at": when(record.created_at),
+        "completed_at": when(record.completed_at),
+        "expires_at": when(record.expires_at),
         "response_status": record.response_status,
     }
