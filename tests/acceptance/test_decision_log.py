@@ -5,7 +5,6 @@ fields reaches the log: no bodies, no other header values, no database password.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from fencegate.store.schema import schema_version
 from tests.support.asgi import call
 from tests.support.gateway import GatewayProcess
 from tests.support.upstream import UpstreamProcess
+from tests.support.waits import wait_until_sync
 
 SECRETS = ("card-4242-secret-body", "Bearer tok-secret-header", "pw-not-for-logs")
 
@@ -42,12 +42,7 @@ def with_password(url: str, password: str) -> str:
 
 def wait_for(predicate: Callable[[], Any], *, timeout: float = 10.0) -> Any:
     """The first truthy value of ``predicate()`` within ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(0.05)
+    return wait_until_sync(predicate, timeout=timeout, what="log lines", interval=0.05)
 
 
 def json_lines(gateway: GatewayProcess) -> list[dict[str, Any]]:

@@ -32,6 +32,7 @@ from tests.support.gateway import GatewayProcess
 from tests.support.net import TcpRelay
 from tests.support.processes import child_env
 from tests.support.upstream import UpstreamProcess
+from tests.support.waits import wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -216,13 +217,13 @@ async def key_record(database_url: str, key: str) -> KeyRecord | None:
 async def wait_for_key(
     database_url: str, key: str, accept: Callable[[KeyRecord], bool], *, timeout: float
 ) -> KeyRecord:
-    deadline = time.monotonic() + timeout
-    while True:
+    async def there() -> KeyRecord | None:
         record = await key_record(database_url, key)
-        if record is not None and accept(record):
-            return record
-        assert time.monotonic() < deadline, f"key {key!r} never got there; last: {record}"
-        await asyncio.sleep(0.1)
+        return record if record is not None and accept(record) else None
+
+    found = await wait_until(there, timeout=timeout, what=f"key {key!r}", interval=0.1)
+    assert found is not None
+    return found
 
 
 def retry_routes(path: Path) -> Path:
@@ -590,6 +591,13 @@ async def test_sigterm_records_the_answers_still_owed_within_the_grace_period(
         pg_relay.cut()
         assert is_forwarded(await first)
         gateway.signal(signal.SIGTERM)
+        # The store comes back only once the gateway is shutting down and draining what it
+        # owes: the answer can be recorded then, or never.
+        await wait_until(
+            lambda: "to record 1 answers" in gateway.log_text(),
+            timeout=30,
+            what="the shutdown's drain",
+        )
         pg_relay.heal()
         # uvicorn ends a graceful shutdown by raising the signal it caught again.
         assert await asyncio.to_thread(gateway.wait_exit, timeout=60) in (0, -signal.SIGTERM)

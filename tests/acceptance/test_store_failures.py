@@ -8,7 +8,6 @@ import asyncio
 import sqlite3
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -24,6 +23,7 @@ from tests.support import postgres
 from tests.support.gateway import GatewayProcess
 from tests.support.processes import child_env
 from tests.support.upstream import UpstreamProcess
+from tests.support.waits import wait_until_sync
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -102,13 +102,13 @@ def test_serve_with_migrate_starts_on_an_empty_database(
 
 
 def wait_for_status(url: str, status: int, *, timeout: float) -> httpx.Response:
-    deadline = time.monotonic() + timeout
-    while True:
+    def answered() -> httpx.Response | None:
         answer = httpx.get(url, timeout=10)
-        if answer.status_code == status:
-            return answer
-        assert time.monotonic() < deadline, f"still {answer.status_code}: {answer.text}"
-        time.sleep(0.1)
+        return answer if answer.status_code == status else None
+
+    found = wait_until_sync(answered, timeout=timeout, what=f"{status} from {url}", interval=0.1)
+    assert found is not None
+    return found
 
 
 def keyed_post(base: str) -> httpx.Response:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import re
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +22,7 @@ from fencegate.gateway.config import ConfigError, load_config
 from tests.support.gateway import GatewayProcess
 from tests.support.net import TcpRelay
 from tests.support.payments import LATE_SECONDS, PaymentsProcess
+from tests.support.waits import wait_until_sync
 
 PARAMS: ChargeCreateParams = {"amount": 1000, "currency": "usd", "source": "tok"}
 
@@ -137,10 +137,11 @@ def test_in_flight_is_409_idempotency_error_and_the_sdk_gets_the_first_answer(
             )
         )
         thread.start()
-        deadline = time.monotonic() + 10
-        while payments.counts()["attempts"] == before["attempts"]:
-            assert time.monotonic() < deadline, "the first request never reached the upstream"
-            time.sleep(0.05)
+        wait_until_sync(
+            lambda: payments.counts()["attempts"] != before["attempts"],
+            timeout=10,
+            what="the first request reaching the upstream",
+        )
 
         conflict = httpx.post(
             gateway.url + "/v1/charges",

@@ -11,13 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import sqlite3
 from collections.abc import Coroutine, Iterator
-from datetime import timedelta
-from pathlib import Path
 from typing import Any, TypeVar
 
-import asyncpg
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -31,8 +27,7 @@ from fencegate.store import (
     StoredResponse,
     open_gateway_store,
 )
-from fencegate.store.migrations import migrate
-from tests.support import postgres
+from tests.support.two_stores import migrated_pair, run_on_both
 
 T = TypeVar("T")
 TIMEOUT = 30.0
@@ -56,15 +51,7 @@ _SQLITE_SHIFT = [
 
 @pytest.fixture(scope="module")
 def databases(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
-    server = postgres.server_url()
-    pg_url = asyncio.run(postgres.create_database(server))
-    sqlite_url = f"sqlite:///{tmp_path_factory.mktemp('differential') / 'fencegate.db'}"
-    asyncio.run(migrate(pg_url))
-    asyncio.run(migrate(sqlite_url))
-    try:
-        yield pg_url, sqlite_url
-    finally:
-        asyncio.run(postgres.drop_database(server, pg_url))
+    yield from migrated_pair(tmp_path_factory, "differential")
 
 
 def comparable(decision: Decision) -> tuple[Any, ...]:
@@ -103,15 +90,12 @@ class TwoStores(RuleBasedStateMachine):
         )
 
     async def _clear(self) -> None:
-        conn = await asyncpg.connect(self.pg_url)
-        try:
-            await conn.execute(f"TRUNCATE {', '.join(_TABLES)}")
-        finally:
-            await conn.close()
-        path = Path(self.sqlite_url.removeprefix("sqlite:///"))
-        with sqlite3.connect(path) as db:
-            for table in _TABLES:
-                db.execute(f"DELETE FROM {table}")  # noqa: S608 -- fixed table names
+        await run_on_both(
+            self.pg_url,
+            self.sqlite_url,
+            [f"TRUNCATE {', '.join(_TABLES)}"],
+            [f"DELETE FROM {table}" for table in _TABLES],  # noqa: S608 -- fixed table names
+        )
 
     def both(self, call: Any) -> tuple[Any, Any]:
         assert self.stores is not None
@@ -192,16 +176,7 @@ class TwoStores(RuleBasedStateMachine):
         self.run(self._shift(seconds))
 
     async def _shift(self, seconds: float) -> None:
-        conn = await asyncpg.connect(self.pg_url)
-        try:
-            for sql in _PG_SHIFT:
-                await conn.execute(sql, timedelta(seconds=seconds))
-        finally:
-            await conn.close()
-        path = Path(self.sqlite_url.removeprefix("sqlite:///"))
-        with sqlite3.connect(path) as db:
-            for sql in _SQLITE_SHIFT:
-                db.execute(sql, (seconds,) * sql.count("?"))
+        await run_on_both(self.pg_url, self.sqlite_url, _PG_SHIFT, _SQLITE_SHIFT, seconds=seconds)
 
     @invariant()
     def same_keys(self) -> None:

@@ -281,13 +281,11 @@ async def test_expired_in_flight_key_is_unknown_unless_the_route_retries(
 
 
 async def wait_until_unknown(store: GatewayStore) -> None:
-    deadline = asyncio.get_running_loop().time() + T
-    while True:
+    async def unknown() -> bool:
         record = await store.get_key(BASE.tenant, BASE.key or "", timeout=T)
-        if record is not None and record.unknown:
-            return
-        assert asyncio.get_running_loop().time() < deadline, record
-        await asyncio.sleep(0.02)
+        return record is not None and record.unknown
+
+    await wait_until(unknown, timeout=T, what="the in-flight lease running out")
 
 
 async def test_a_late_answer_completes_a_key_marked_unknown(store: GatewayStore) -> None:

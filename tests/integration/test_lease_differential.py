@@ -19,21 +19,18 @@ from __future__ import annotations
 import asyncio
 import itertools
 import sqlite3
-import time
 from collections.abc import Coroutine, Iterator
-from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
-import asyncpg
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from fencegate.lease import JobNotFound, Lease, LeaseQueue
-from fencegate.store.migrations import migrate
-from tests.support import postgres
+from tests.support.two_stores import migrated_pair, run_on_both
+from tests.support.waits import wait_until_sync
 
 T = TypeVar("T")
 TIMEOUT = 30.0
@@ -47,6 +44,7 @@ KINDS = ("a", "b")
 STAGES = ("s1", "s2")
 MAX_JOBS = 8
 
+_SQLITE_NOW = "SELECT julianday('now')"
 _PG_CLEAR = [
     "TRUNCATE fencegate_job_stages, fencegate_job_attempts, fencegate_jobs RESTART IDENTITY",
     "ALTER SEQUENCE fencegate_fencing_tokens RESTART",
@@ -76,15 +74,7 @@ _SQLITE_SHIFT = [
 
 @pytest.fixture(scope="module")
 def databases(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
-    server = postgres.server_url()
-    pg_url = asyncio.run(postgres.create_database(server))
-    sqlite_url = f"sqlite:///{tmp_path_factory.mktemp('lease-differential') / 'fencegate.db'}"
-    asyncio.run(migrate(pg_url))
-    asyncio.run(migrate(sqlite_url))
-    try:
-        yield pg_url, sqlite_url
-    finally:
-        asyncio.run(postgres.drop_database(server, pg_url))
+    yield from migrated_pair(tmp_path_factory, "lease-differential")
 
 
 class TwoQueues(RuleBasedStateMachine):
@@ -109,6 +99,20 @@ class TwoQueues(RuleBasedStateMachine):
         lite, pg = self.queues
         return self.run(call(lite, 0)), self.run(call(pg, 1))
 
+    def next_clock_step(self) -> None:
+        """SQLite's clock moves in millisecond steps: leases granted in different steps must
+        not share a lease_until, or the expired-first order could tie on one store only. So
+        wait until SQLite's own clock has moved on."""
+        path = Path(self.sqlite_url.removeprefix("sqlite:///"))
+        with sqlite3.connect(path) as db:
+            start = db.execute(_SQLITE_NOW).fetchone()[0]
+            wait_until_sync(
+                lambda: db.execute(_SQLITE_NOW).fetchone()[0] > start,
+                timeout=5,
+                what="the SQLite clock's next step",
+                interval=0.001,
+            )
+
     def job(self, side: int, job_id: int) -> int:
         return self.ids[side].index(job_id)
 
@@ -121,16 +125,7 @@ class TwoQueues(RuleBasedStateMachine):
         )
 
     async def _clear(self) -> None:
-        conn = await asyncpg.connect(self.pg_url)
-        try:
-            for sql in _PG_CLEAR:
-                await conn.execute(sql)
-        finally:
-            await conn.close()
-        path = Path(self.sqlite_url.removeprefix("sqlite:///"))
-        with sqlite3.connect(path) as db:
-            for sql in _SQLITE_CLEAR:
-                db.execute(sql)
+        await run_on_both(self.pg_url, self.sqlite_url, _PG_CLEAR, _SQLITE_CLEAR)
 
     @precondition(lambda self: len(self.ids[0]) < MAX_JOBS)
     @rule(
@@ -187,9 +182,7 @@ class TwoQueues(RuleBasedStateMachine):
             )
         assert granted[0] == granted[1], (owner, kinds, limit, lite, pg)
         self.leases.extend(zip(lite, pg, strict=True))
-        # SQLite's clock has millisecond steps: leases granted by different steps must not
-        # share a lease_until, or the expired-first order could tie on one store only.
-        time.sleep(0.003)
+        self.next_clock_step()
 
     @precondition(lambda self: self.leases)
     @rule(index=st.integers(0, 50))
@@ -197,7 +190,7 @@ class TwoQueues(RuleBasedStateMachine):
         pair = self.leases[index % len(self.leases)]
         lite, pg = self.both(lambda q, side: q.extend(pair[side], timeout=TIMEOUT))
         assert (lite is None) == (pg is None), pair
-        time.sleep(0.003)
+        self.next_clock_step()
 
     @precondition(lambda self: self.leases)
     @rule(index=st.integers(0, 50), result=st.sampled_from([None, "ok", {"n": 1}, [1, 2]]))
@@ -255,16 +248,7 @@ class TwoQueues(RuleBasedStateMachine):
         self.run(self._shift(seconds))
 
     async def _shift(self, seconds: float) -> None:
-        conn = await asyncpg.connect(self.pg_url)
-        try:
-            for sql in _PG_SHIFT:
-                await conn.execute(sql, timedelta(seconds=seconds))
-        finally:
-            await conn.close()
-        path = Path(self.sqlite_url.removeprefix("sqlite:///"))
-        with sqlite3.connect(path) as db:
-            for sql in _SQLITE_SHIFT:
-                db.execute(sql, (seconds,) * sql.count("?"))
+        await run_on_both(self.pg_url, self.sqlite_url, _PG_SHIFT, _SQLITE_SHIFT, seconds=seconds)
 
     async def _snapshot(self, q: LeaseQueue, side: int) -> list[Any]:
         jobs = await q.list_jobs(limit=100, timeout=TIMEOUT)

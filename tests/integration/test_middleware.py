@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import Awaitable, Callable
 
 import httpx
 import pytest
@@ -22,6 +21,7 @@ from fencegate.store import DecideRequest, GatewayStore, Outcome
 from fencegate.types import IncomingRequest, NonceStore
 from tests.support.asgi import Answer, call
 from tests.support.echo_app import EchoApp
+from tests.support.waits import wait_until
 
 PROBLEM = "application/problem+json"
 
@@ -364,20 +364,13 @@ async def reserved_by_a_dead_gateway(store: GatewayStore, key: str) -> DecideReq
         retry_unknown=True,
     )
     assert (await store.decide(dead, timeout=30)).outcome is Outcome.RESERVED
-    await wait_for(lambda: key_is_unknown(store, key), timeout=30)
+    await wait_until(lambda: key_is_unknown(store, key), timeout=30)
     return dead
 
 
 async def key_is_unknown(store: GatewayStore, key: str) -> bool:
     record = await store.get_key("default", key, timeout=30)
     return record is not None and record.unknown
-
-
-async def wait_for(check: Callable[[], Awaitable[bool]], *, timeout: float) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not await check():
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)
 
 
 async def test_expired_in_flight_key_is_unknown_and_not_forwarded_by_default(
@@ -420,7 +413,7 @@ async def test_gateway_renews_its_lease_while_the_upstream_is_slow(
         assert record is not None and record.reserved_at is not None
         return record.now > record.reserved_at + 1.5
 
-    await wait_for(past_the_first_lease, timeout=30)
+    await wait_until(past_the_first_lease, timeout=30)
     second = await call(app, "POST", "/slow", headers=keyed("k"), query="delay=4")
     assert_problem(second, 409, "in-flight")
     assert (await first).status == 200

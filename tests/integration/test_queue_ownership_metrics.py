@@ -4,8 +4,6 @@ including a holder that died (its lease expired, not yet reclaimed)."""
 
 from __future__ import annotations
 
-import asyncio
-
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -13,6 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from fencegate.console import ConsoleToken, create_console_app
 from fencegate.lease import LeaseQueue
 from fencegate.store.inspect import Inspector
+from tests.support.waits import wait_until
 
 TOKENS = [
     ConsoleToken.from_secret("prom", "scraper-secret-0123", role="viewer"),
@@ -67,13 +66,12 @@ async def test_the_queue_gauges_show_who_owns_what_and_the_dead_holder(store_url
     await queue_with_a_dead_holder(store_url)
     inspector = await Inspector.open(store_url)
     try:
-        deadline = asyncio.get_running_loop().time() + 30
-        while True:  # wait, by the database clock, for the 0.3 s leases to run out
+
+        async def both_leases_ran_out() -> bool:  # by the database clock
             rows = {r["kind"]: r for r in await inspector.ownership()}
-            if rows["capture"]["expired"] == 2:
-                break
-            assert asyncio.get_running_loop().time() < deadline, rows
-            await asyncio.sleep(0.05)
+            return bool(rows["capture"]["expired"] == 2)
+
+        await wait_until(both_leases_ran_out, timeout=30, what="two expired leases")
     finally:
         await inspector.close()
     values = await gauges(store_url)

@@ -3,11 +3,11 @@ one fenced off by the gateway's store."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from fencegate.lease import LeaseQueue
 from fencegate.store import DecideRequest, Reservation, open_gateway_store
+from tests.support.waits import wait_until
 
 
 def request(token: int, owner: str, key: str, entity: str, **extra: Any) -> DecideRequest:
@@ -30,13 +30,13 @@ async def two_workers_one_fenced_off(url: str) -> tuple[int, int, int]:
             lease_seconds=0.5, heartbeat_seconds=0.1, jitter_seconds=0.1,
         )  # fmt: skip
         [first] = await queue.claim("worker-1", kinds=["capture"], limit=1)
-        second = None
-        deadline = asyncio.get_running_loop().time() + 30
-        while second is None:  # wait for the lease to run out, by the database clock
-            assert asyncio.get_running_loop().time() < deadline, "lease never ran out"
-            claimed = await queue.claim("worker-2", kinds=["capture"], limit=1)
-            second = claimed[0] if claimed else None
-            await asyncio.sleep(0.05)
+        # worker-2 gets the job once worker-1's lease has run out, by the database clock.
+        [second] = await wait_until(
+            lambda: queue.claim("worker-2", kinds=["capture"], limit=1),
+            timeout=30,
+            what="worker-1's lease running out",
+            interval=0.05,
+        )
         key = "capture:inv-1:POST /v1/charges"
         entity = f"job:{job}"
         accepted = await store.decide(

@@ -6,16 +6,39 @@ import asyncio
 import inspect
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar, overload
+
+T = TypeVar("T")
+
+
+@overload
+async def wait_until(
+    predicate: Callable[[], Awaitable[T]],
+    *,
+    timeout: float = ...,
+    what: str = ...,
+    interval: float = ...,
+) -> T: ...
+
+
+@overload
+async def wait_until(
+    predicate: Callable[[], T],
+    *,
+    timeout: float = ...,
+    what: str = ...,
+    interval: float = ...,
+) -> T: ...
 
 
 async def wait_until(
-    predicate: Callable[[], object | Awaitable[object]],
+    predicate: Callable[[], Any],
     *,
     timeout: float = 30.0,
     what: str = "condition",
     interval: float = 0.02,
-) -> None:
-    """Return as soon as ``predicate()`` (plain or async) is true; fail the test after
+) -> Any:
+    """The first true value of ``predicate()`` (plain or async); fail the test after
     ``timeout`` seconds."""
     deadline = asyncio.get_running_loop().time() + timeout
     while True:
@@ -23,22 +46,23 @@ async def wait_until(
         if inspect.isawaitable(result):
             result = await result
         if result:
-            return
+            return result
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError(f"{what} not reached after {timeout}s")
         await asyncio.sleep(interval)
 
 
 def wait_until_sync(
-    predicate: Callable[[], object],
+    predicate: Callable[[], T],
     *,
     timeout: float = 30.0,
     what: str = "condition",
     interval: float = 0.02,
-) -> None:
+) -> T:
     """`wait_until` for code outside an event loop."""
     deadline = time.monotonic() + timeout
-    while not predicate():
+    while not (result := predicate()):
         if time.monotonic() > deadline:
             raise AssertionError(f"{what} not reached after {timeout}s")
         time.sleep(interval)
+    return result
