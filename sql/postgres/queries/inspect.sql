@@ -108,9 +108,6 @@ SELECT decision, count(*)::bigint AS decisions FROM fencegate_decisions
 WHERE ($1::text IS NULL OR tenant = $1) AND at > now() - make_interval(secs => $2)
 GROUP BY decision ORDER BY decision;
 
--- name: table_exists
-SELECT to_regclass($1) IS NOT NULL;
-
 -- name: job_retry
 -- A failed or cancelled job gets one more attempt: queued now, its history kept.
 UPDATE fencegate_jobs

@@ -87,9 +87,6 @@ SELECT decision, count(*) AS decisions FROM fencegate_decisions
 WHERE (?1 IS NULL OR tenant = ?1) AND at > (julianday('now') - 2440587.5) * 86400.0 - ?2
 GROUP BY decision ORDER BY decision;
 
--- name: table_exists
-SELECT count(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = ?1;
-
 -- name: job_retry
 UPDATE fencegate_jobs
 SET state = 'queued', run_after = (julianday('now') - 2440587.5) * 86400.0, owner_id = NULL,
