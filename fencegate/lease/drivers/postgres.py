@@ -19,7 +19,8 @@ import asyncpg
 import orjson
 
 from fencegate.errors import StoreUnavailable
-from fencegate.lease.models import Attempt, Job, JobState, Lease, NewJob, StageRecord
+from fencegate.lease.drivers.base import Decoding, Driver, Row, lease_from
+from fencegate.lease.models import JobState, Lease, NewJob
 from fencegate.store.dburl import DatabaseURL
 from fencegate.store.migrations import migrate_postgres
 from fencegate.store.pg import PgDatabase
@@ -42,34 +43,12 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
     )
 
 
-def _lease(row: asyncpg.Record) -> Lease:
-    return Lease(
-        job_id=row["id"],
-        kind=row["kind"],
-        owner_id=row["owner_id"],
-        fencing_token=row["fencing_token"],
-        lease_until=row["lease_until"],
-        lease_seconds=row["lease_seconds"],
-        heartbeat_seconds=row["heartbeat_seconds"],
-        attempt=row["attempt"],
-        max_attempts=row["max_attempts"],
-        payload=row["payload"],
-        idempotency_key=row["idempotency_key"],
-        stage_timeout_seconds=row["stage_timeout_seconds"],
-        tool_timeout_seconds=row["tool_timeout_seconds"],
-    )
+def _same(value: Any) -> Any:
+    return value
 
 
-def _job(row: asyncpg.Record) -> Job:
-    return Job(**dict(row.items()))
-
-
-def _attempt(row: asyncpg.Record) -> Attempt:
-    return Attempt(**dict(row.items()))
-
-
-def _stage(row: asyncpg.Record) -> StageRecord:
-    return StageRecord(**dict(row.items()))
+# asyncpg already gives aware datetimes, and JSON decoded by the codec set on each connection.
+DECODING = Decoding(time=_same, json=_same)
 
 
 class _Notifications:
@@ -189,7 +168,10 @@ def _key(kinds: Sequence[str] | None) -> frozenset[str] | None:
     return None if kinds is None else frozenset(kinds)
 
 
-class PostgresDriver:
+class PostgresDriver(Driver):
+    queries = Q
+    decoding = DECODING
+
     def __init__(self, db: PgDatabase) -> None:
         self._db = db
         self._notifications = _Notifications(db)
@@ -220,6 +202,10 @@ class PostgresDriver:
     async def _run(self, fn: Callable[[asyncpg.Connection], Awaitable[T]], *, timeout: float) -> T:
         self.round_trips += 1
         return await self._db.run(fn, timeout=timeout)
+
+    async def _fetch(self, sql: str, args: Sequence[Any], *, timeout: float) -> list[Row]:
+        rows = await self._run(lambda conn: conn.fetch(sql, *args), timeout=timeout)
+        return list(rows)
 
     async def migrate(self, *, timeout: float) -> list[str]:
         schema = None if self._db.target is None else self._db.target.schema
@@ -271,7 +257,7 @@ class PostgresDriver:
         rows = await self._run(
             lambda conn: conn.fetch(query, owner_id, kind_arg, limit), timeout=timeout
         )
-        return [_lease(row) for row in rows]
+        return [lease_from(row, DECODING) for row in rows]
 
     async def extend_many(
         self, leases: Sequence[Lease], *, timeout: float
@@ -338,35 +324,6 @@ class PostgresDriver:
         if not row["found"]:
             return None
         return bool(row["cancelled"])
-
-    async def get(self, job_id: int, *, timeout: float) -> Job | None:
-        row = await self._run(lambda conn: conn.fetchrow(Q.lease_get_job, job_id), timeout=timeout)
-        return None if row is None else _job(row)
-
-    async def list_jobs(
-        self,
-        *,
-        state: JobState | None,
-        kind: str | None,
-        limit: int,
-        before: int | None = None,
-        timeout: float,
-    ) -> list[Job]:
-        rows = await self._run(
-            lambda conn: conn.fetch(Q.lease_list_jobs, state, kind, limit, before),
-            timeout=timeout,
-        )
-        return [_job(row) for row in rows]
-
-    async def attempts(self, job_id: int, *, timeout: float) -> list[Attempt]:
-        rows = await self._run(lambda conn: conn.fetch(Q.lease_attempts, job_id), timeout=timeout)
-        return [_attempt(row) for row in rows]
-
-    async def stage_result(self, job_id: int, name: str, *, timeout: float) -> StageRecord | None:
-        row = await self._run(
-            lambda conn: conn.fetchrow(Q.lease_stage_result, job_id, name), timeout=timeout
-        )
-        return None if row is None else _stage(row)
 
     async def commit_stage_many(
         self, items: Sequence[tuple[Lease, str, str, Any]], *, timeout: float

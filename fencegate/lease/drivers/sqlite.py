@@ -20,7 +20,8 @@ from typing import Any, TypeVar
 import orjson
 
 from fencegate.errors import StoreUnavailable
-from fencegate.lease.models import Attempt, Job, JobState, Lease, NewJob, StageRecord
+from fencegate.lease.drivers.base import Decoding, Driver, lease_from
+from fencegate.lease.models import JobState, Lease, NewJob
 from fencegate.store.migrations import migrate_sqlite_sync
 from fencegate.store.queries import Queries
 from fencegate.store.sqlite_db import SQLiteDatabase
@@ -44,60 +45,12 @@ def _loads(text: str | None) -> Any:
     return None if text is None else orjson.loads(text)
 
 
-def _time(value: float | None) -> datetime | None:
-    return None if value is None else datetime.fromtimestamp(value, UTC)
-
-
-def _time_required(value: float) -> datetime:
+def _time(value: float) -> datetime:
     return datetime.fromtimestamp(value, UTC)
 
 
-def _lease(row: sqlite3.Row) -> Lease:
-    return Lease(
-        job_id=row["id"],
-        kind=row["kind"],
-        owner_id=row["owner_id"],
-        fencing_token=row["fencing_token"],
-        lease_until=_time_required(row["lease_until"]),
-        lease_seconds=float(row["lease_seconds"]),
-        heartbeat_seconds=float(row["heartbeat_seconds"]),
-        attempt=row["attempt"],
-        max_attempts=row["max_attempts"],
-        payload=_loads(row["payload"]),
-        idempotency_key=row["idempotency_key"],
-        stage_timeout_seconds=_float(row["stage_timeout_seconds"]),
-        tool_timeout_seconds=_float(row["tool_timeout_seconds"]),
-    )
-
-
-def _float(value: float | None) -> float | None:
-    return None if value is None else float(value)
-
-
-def _job(row: sqlite3.Row) -> Job:
-    return Job(
-        id=row["id"],
-        kind=row["kind"],
-        state=row["state"],
-        owner_id=row["owner_id"],
-        lease_until=_time(row["lease_until"]),
-        fencing_token=row["fencing_token"],
-        heartbeat_at=_time(row["heartbeat_at"]),
-        attempt=row["attempt"],
-        max_attempts=row["max_attempts"],
-        run_after=_time_required(row["run_after"]),
-        idempotency_key=row["idempotency_key"],
-        payload=_loads(row["payload"]),
-        result=_loads(row["result"]),
-        error=_loads(row["error"]),
-        lease_seconds=float(row["lease_seconds"]),
-        heartbeat_seconds=float(row["heartbeat_seconds"]),
-        jitter_seconds=float(row["jitter_seconds"]),
-        stage_timeout_seconds=_float(row["stage_timeout_seconds"]),
-        created_at=_time_required(row["created_at"]),
-        updated_at=_time_required(row["updated_at"]),
-        tool_timeout_seconds=_float(row["tool_timeout_seconds"]),
-    )
+# Times are kept as epoch seconds of the database clock, JSON values as text.
+DECODING = Decoding(time=_time, json=_loads)
 
 
 def _kinds(kinds: Sequence[str] | None) -> str | None:
@@ -163,7 +116,7 @@ def _claim(conn: sqlite3.Connection, owner_id: str, kinds: str | None, limit: in
                 "now": now,
             },
         )
-        leases.append(_lease(row))
+        leases.append(lease_from(row, DECODING))
     return leases
 
 
@@ -216,7 +169,10 @@ def _cancel(conn: sqlite3.Connection, job_id: int, encoded: str | None) -> bool 
     return True
 
 
-class SQLiteDriver:
+class SQLiteDriver(Driver):
+    queries = Q
+    decoding = DECODING
+
     def __init__(self, path: Path) -> None:
         self._db = SQLiteDatabase(path)
         # Transactions sent, so that batching can be observed (tests, benchmarks).
@@ -241,12 +197,17 @@ class SQLiteDriver:
         self.round_trips += 1
         return await self._db.call(fn, timeout=timeout, write=write)
 
+    async def _fetch(self, sql: str, args: Sequence[Any], *, timeout: float) -> list[sqlite3.Row]:
+        return await self._run(
+            lambda conn: conn.execute(sql, tuple(args)).fetchall(), timeout=timeout
+        )
+
     async def migrate(self, *, timeout: float) -> list[str]:
         return await self._run(migrate_sqlite_sync, timeout=timeout)
 
     async def now(self, *, timeout: float) -> datetime:
         value = await self._run(_now, timeout=timeout)
-        return _time_required(value)
+        return _time(value)
 
     async def enqueue(self, jobs: Sequence[NewJob], *, timeout: float) -> list[int]:
         def run(conn: sqlite3.Connection) -> list[int]:
@@ -297,7 +258,8 @@ class SQLiteDriver:
                 renewed.append(None if row is None else float(row[0]))
             return renewed
 
-        return [_time(value) for value in await self._run(run, timeout=timeout, write=True)]
+        renewed = await self._run(run, timeout=timeout, write=True)
+        return [None if value is None else _time(value) for value in renewed]
 
     async def complete_many(
         self, items: Sequence[tuple[Lease, Any]], *, timeout: float
@@ -344,65 +306,6 @@ class SQLiteDriver:
         encoded = _dumps(reason)
         return await self._run(
             lambda conn: _cancel(conn, job_id, encoded), timeout=timeout, write=True
-        )
-
-    async def get(self, job_id: int, *, timeout: float) -> Job | None:
-        row = await self._run(
-            lambda conn: conn.execute(Q.lease_get_job, {"id": job_id}).fetchone(),
-            timeout=timeout,
-        )
-        return None if row is None else _job(row)
-
-    async def list_jobs(
-        self,
-        *,
-        state: JobState | None,
-        kind: str | None,
-        limit: int,
-        before: int | None = None,
-        timeout: float,
-    ) -> list[Job]:
-        which = {"state": state, "kind": kind, "limit": limit, "before": before}
-        rows = await self._run(
-            lambda conn: conn.execute(Q.lease_list_jobs, which).fetchall(), timeout=timeout
-        )
-        return [_job(row) for row in rows]
-
-    async def attempts(self, job_id: int, *, timeout: float) -> list[Attempt]:
-        rows = await self._run(
-            lambda conn: conn.execute(Q.lease_attempts, {"id": job_id}).fetchall(),
-            timeout=timeout,
-        )
-        return [
-            Attempt(
-                job_id=row["job_id"],
-                attempt=row["attempt"],
-                fencing_token=row["fencing_token"],
-                owner_id=row["owner_id"],
-                claimed_at=_time_required(row["claimed_at"]),
-                ended_at=_time(row["ended_at"]),
-                outcome=row["outcome"],
-                error=_loads(row["error"]),
-            )
-            for row in rows
-        ]
-
-    async def stage_result(self, job_id: int, name: str, *, timeout: float) -> StageRecord | None:
-        row = await self._run(
-            lambda conn: conn.execute(
-                Q.lease_stage_result, {"id": job_id, "name": name}
-            ).fetchone(),
-            timeout=timeout,
-        )
-        if row is None:
-            return None
-        return StageRecord(
-            job_id=row["job_id"],
-            name=row["name"],
-            idempotency_key=row["idempotency_key"],
-            result=_loads(row["result"]),
-            fencing_token=row["fencing_token"],
-            committed_at=_time_required(row["committed_at"]),
         )
 
     async def commit_stage_many(

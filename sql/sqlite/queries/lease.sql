@@ -128,7 +128,7 @@ SELECT id, kind, state, owner_id, lease_until, fencing_token, heartbeat_at, atte
        max_attempts, run_after, idempotency_key, payload, result, error, lease_seconds,
        heartbeat_seconds, jitter_seconds, stage_timeout_seconds, created_at, updated_at,
        tool_timeout_seconds
-  FROM fencegate_jobs WHERE id = :id;
+  FROM fencegate_jobs WHERE id = ?1;
 
 -- name: lease_list_jobs
 SELECT id, kind, state, owner_id, lease_until, fencing_token, heartbeat_at, attempt,
@@ -136,18 +136,18 @@ SELECT id, kind, state, owner_id, lease_until, fencing_token, heartbeat_at, atte
        heartbeat_seconds, jitter_seconds, stage_timeout_seconds, created_at, updated_at,
        tool_timeout_seconds
   FROM fencegate_jobs
- WHERE (:state IS NULL OR state = :state) AND (:kind IS NULL OR kind = :kind)
-   AND (:before IS NULL OR id < :before)  -- the page after the one that ended at :before
+ WHERE (?1 IS NULL OR state = ?1) AND (?2 IS NULL OR kind = ?2)
+   AND (?4 IS NULL OR id < ?4)  -- the page after the one that ended at job ?4
  ORDER BY id DESC
- LIMIT :limit;
+ LIMIT ?3;
 
 -- name: lease_attempts
 SELECT job_id, attempt, fencing_token, owner_id, claimed_at, ended_at, outcome, error
-  FROM fencegate_job_attempts WHERE job_id = :id ORDER BY fencing_token;
+  FROM fencegate_job_attempts WHERE job_id = ?1 ORDER BY fencing_token;
 
 -- name: lease_stage_result
 SELECT job_id, name, idempotency_key, result, fencing_token, committed_at
-  FROM fencegate_job_stages WHERE job_id = :id AND name = :name;
+  FROM fencegate_job_stages WHERE job_id = ?1 AND name = ?2;
 
 -- name: lease_held
 SELECT 1 FROM fencegate_jobs
