@@ -71,6 +71,29 @@ class History:
             row |= {"request_id": None, "method": None, "target": None, "upstream_status": None}
             self.rows.append(row | fields | {"decision": decision, "now": self.now})
 
+    def add_for_key(
+        self,
+        decision: str,
+        key_row: sqlite3.Row,
+        reservation: Reservation,
+        *,
+        upstream_status: int | None = None,
+    ) -> None:
+        """A row about a key as a statement returned it (its entity, fence and expiry) and
+        the reservation acting on it."""
+        self.add(
+            decision,
+            tenant=reservation.tenant,
+            entity=key_row["entity"],
+            key=reservation.key,
+            fence=key_row["fence"],
+            attempt=reservation.attempt,
+            owner=reservation.owner,
+            request_id=reservation.request_id,
+            upstream_status=upstream_status,
+            expires_at=key_row["expires_at"],
+        )
+
     def write(self) -> None:
         if self.rows:
             self.conn.executemany(Q.record_decision, self.rows)
@@ -187,18 +210,7 @@ def _conditional(
             row = conn.execute(sql, _held(r, log.now)).fetchone()
             if row is None:
                 return False
-            log.add(
-                decision,
-                tenant=r.tenant,
-                entity=row["entity"],
-                key=r.key,
-                fence=row["fence"],
-                attempt=r.attempt,
-                owner=r.owner,
-                request_id=r.request_id,
-                upstream_status=upstream_status,
-                expires_at=row["expires_at"],
-            )
+            log.add_for_key(decision, row, r, upstream_status=upstream_status)
             log.write()
             return True
 
@@ -328,18 +340,7 @@ class SQLiteGatewayStore:
                     ).fetchone()
                     results.append(row is not None)
                     if row is not None:
-                        log.add(
-                            "completed",
-                            tenant=r.tenant,
-                            entity=row["entity"],
-                            key=r.key,
-                            fence=row["fence"],
-                            attempt=r.attempt,
-                            owner=r.owner,
-                            request_id=r.request_id,
-                            upstream_status=answer.status,
-                            expires_at=row["expires_at"],
-                        )
+                        log.add_for_key("completed", row, r, upstream_status=answer.status)
                 log.write()
                 return results
 
