@@ -23,6 +23,23 @@ R = TypeVar("R")
 BatchRunner = Callable[[list[I], float], Awaitable[Sequence[R | BaseException]]]
 
 
+class _Call(Generic[I, R]):
+    """One submitted call. Compared by identity: finding it among the queued calls must not
+    compare the items themselves (dataclasses, compared field by field)."""
+
+    __slots__ = ("deadline", "future", "item", "sent")
+    item: I
+    deadline: float
+    future: asyncio.Future[R]
+    sent: bool
+
+    def __init__(self, item: I, deadline: float, future: asyncio.Future[R]) -> None:
+        self.item = item
+        self.deadline = deadline
+        self.future = future
+        self.sent = False  # taken off the queue: in a batch, or failed there unsent
+
+
 class Batcher(Generic[I, R]):
     def __init__(
         self, run: BatchRunner[I, R], *, max_batch: int = 64, max_in_flight: int = 2
@@ -30,8 +47,12 @@ class Batcher(Generic[I, R]):
         self._run = run
         self._max_batch = max_batch
         self._max_in_flight = max_in_flight
-        self._pending: list[tuple[I, float, asyncio.Future[R]]] = []
+        self._pending: list[_Call[I, R]] = []
         self._in_flight: set[asyncio.Task[None]] = set()
+        # One timer for every queued call, set for the earliest deadline among them: a timer
+        # per call would cost more than the call under load, when most calls queue.
+        self._sweep: asyncio.TimerHandle | None = None
+        self._sweep_at = 0.0
 
     async def submit(self, item: I, *, timeout: float) -> R:
         """The item's result, within ``timeout``. A call still queued when its ``timeout``
@@ -40,40 +61,53 @@ class Batcher(Generic[I, R]):
         the earliest deadline in it, so by this call's own."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[R] = loop.create_future()
-        entry = (item, time.monotonic() + timeout, future)
-        self._pending.append(entry)
+        call = _Call(item, time.monotonic() + timeout, future)
+        self._pending.append(call)
         if len(self._in_flight) < self._max_in_flight:
             self._start()
-        if future.done() or entry not in self._pending:
-            return await future  # sent at once: no timer needed on the common path
-        expiry = loop.call_later(timeout, self._expire, entry)
-        try:
-            return await future
-        finally:
-            expiry.cancel()
+        if not (call.sent or call.future.done()):
+            self._sweep_by(call.deadline)
+        return await call.future
 
-    def _expire(self, entry: tuple[I, float, asyncio.Future[R]]) -> None:
-        """A queued call's deadline passed behind batches in flight: fail it, unsent."""
-        try:
-            self._pending.remove(entry)
-        except ValueError:
-            return  # already sent
-        if not entry[2].done():
-            entry[2].set_exception(StoreUnavailable("no answer in time (queued)"))
+    def _sweep_by(self, deadline: float) -> None:
+        if self._sweep is not None:
+            if self._sweep_at <= deadline:
+                return
+            self._sweep.cancel()
+        delay = max(deadline - time.monotonic(), 0.0)
+        self._sweep = asyncio.get_running_loop().call_later(delay, self._expire_due)
+        self._sweep_at = deadline
 
-    def _take(self) -> list[tuple[I, float, asyncio.Future[R]]]:
+    def _expire_due(self) -> None:
+        """Queued calls whose deadline passed behind batches in flight fail, unsent."""
+        self._sweep = None
+        now = time.monotonic()
+        waiting = []
+        for call in self._pending:
+            if call.deadline > now:
+                waiting.append(call)
+                continue
+            call.sent = True
+            if not call.future.done():
+                call.future.set_exception(StoreUnavailable("no answer in time (queued)"))
+        self._pending[:] = waiting
+        if waiting:
+            self._sweep_by(min(call.deadline for call in waiting))
+
+    def _take(self) -> list[_Call[I, R]]:
         """The next batch to send; calls whose deadline has passed fail here, unsent."""
         while self._pending:
             batch = self._pending[: self._max_batch]
             del self._pending[: self._max_batch]
             now = time.monotonic()
             live = []
-            for entry in batch:
-                if entry[1] <= now:
-                    if not entry[2].done():
-                        entry[2].set_exception(StoreUnavailable("no answer in time (queued)"))
+            for call in batch:
+                call.sent = True
+                if call.deadline <= now:
+                    if not call.future.done():
+                        call.future.set_exception(StoreUnavailable("no answer in time (queued)"))
                 else:
-                    live.append(entry)
+                    live.append(call)
             if live:
                 return live
         return []
@@ -86,7 +120,7 @@ class Batcher(Generic[I, R]):
         self._in_flight.add(task)
         task.add_done_callback(self._done)
 
-    async def _send(self, batch: list[tuple[I, float, asyncio.Future[R]]]) -> None:
+    async def _send(self, batch: list[_Call[I, R]]) -> None:
         # What queued up while a batch ran goes next from this same task: a new task, and
         # the done callback that would start it, each wait for another turn of the event
         # loop, which under load is busy with every other request's I/O.
@@ -94,24 +128,24 @@ class Batcher(Generic[I, R]):
             await self._send_one(batch)
             batch = self._take()
 
-    async def _send_one(self, batch: list[tuple[I, float, asyncio.Future[R]]]) -> None:
-        timeout = min(deadline for _, deadline, _ in batch) - time.monotonic()
+    async def _send_one(self, batch: list[_Call[I, R]]) -> None:
+        timeout = min(call.deadline for call in batch) - time.monotonic()
         try:
-            results = await self._run([item for item, _, _ in batch], max(timeout, 0.0))
+            results = await self._run([call.item for call in batch], max(timeout, 0.0))
         except BaseException as exc:
-            for _, _, future in batch:
-                if not future.done():
-                    future.set_exception(exc)
+            for call in batch:
+                if not call.future.done():
+                    call.future.set_exception(exc)
             if not isinstance(exc, Exception):
                 raise
             return
-        for (_, _, future), result in zip(batch, results, strict=True):
-            if future.done():
+        for call, result in zip(batch, results, strict=True):
+            if call.future.done():
                 continue
             if isinstance(result, BaseException):
-                future.set_exception(result)
+                call.future.set_exception(result)
             else:
-                future.set_result(result)
+                call.future.set_result(result)
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self._in_flight.discard(task)
