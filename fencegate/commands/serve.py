@@ -76,10 +76,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="keep one history row per decision, written in the decision's own transaction "
         "(default: yes); env FENCEGATE_DECISION_HISTORY",
     )
+    parser.add_argument(
+        "--decision-log",
+        dest="decision_log",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="log one line per decision on the fencegate.decisions logger (default: yes); "
+        "env FENCEGATE_DECISION_LOG",
+    )
 
 
 def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
-    names = [dest for _, dest, _, _ in _OPTIONS] + ["migrate", "decision_history"]
+    names = [dest for _, dest, _, _ in _OPTIONS] + ["migrate", "decision_history", "decision_log"]
     return {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
 
 
@@ -96,7 +104,11 @@ def build_config(overrides: dict[str, Any]) -> GatewayConfig:
 def configure_logging(config: GatewayConfig) -> None:
     from fencegate.gateway.logs import configure_logging as configure
 
-    configure(config.settings.log_level, config.settings.log_format)
+    configure(
+        config.settings.log_level,
+        config.settings.log_format,
+        decision_log=config.settings.decision_log,
+    )
 
 
 def create_app_from_environment() -> Any:

@@ -32,6 +32,8 @@ class GatewaySettings(BaseSettings):
     migrate: bool | None = None  # None: SQLite yes, PostgreSQL no
     # One fencegate_decisions row per decision, in the decision's own transaction.
     decision_history: bool = True
+    # One line per decision on the fencegate.decisions logger (INFO).
+    decision_log: bool = True
     key_ttl_seconds: float = Field(default=DAY, gt=0)
     fence_ttl_seconds: float = Field(default=30 * DAY, gt=0)
     inflight_lease_seconds: float = Field(default=30.0, gt=0)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -80,8 +81,28 @@ def log_decision(
         "owner": owner,
     }
     decision_logger.info(
-        "decision %s", text_fields(fields, skip=("event",)), extra={"fields": fields}
+        "decision %s", TextFields(fields, skip=("event",)), extra={"fields": fields}
     )
+
+
+class TextFields:
+    """The text format's ``name=value`` pairs, built only if a handler formats the message
+    (the JSON format writes the fields themselves)."""
+
+    __slots__ = ("fields", "skip")
+
+    def __init__(self, fields: dict[str, Any], *, skip: tuple[str, ...] = ()) -> None:
+        self.fields = fields
+        self.skip = skip
+
+    def __str__(self) -> str:
+        return text_fields(self.fields, skip=self.skip)
+
+
+# A text value written bare must not contain what separates or quotes fields. Plain ASCII
+# (the common case) is recognised by one match; anything else is looked at more closely.
+_PLAIN = re.compile(r"[!#-<>-\[\]-~]+")
+_NEEDS_QUOTES = re.compile(r'[ "=\\]')
 
 
 def text_fields(fields: dict[str, Any], *, skip: tuple[str, ...] = ()) -> str:
@@ -91,8 +112,12 @@ def text_fields(fields: dict[str, Any], *, skip: tuple[str, ...] = ()) -> str:
     for name, value in fields.items():
         if value is None or name in skip:
             continue
-        text = str(value)
-        if not text or any(c in text for c in ' "=\\') or not text.isprintable():
-            text = json.dumps(text)
-        parts.append(f"{name}={text}")
+        if not isinstance(value, str):
+            parts.append(f"{name}={value}")  # a number or a flag: nothing to quote
+        elif _PLAIN.fullmatch(value) or (
+            value and not _NEEDS_QUOTES.search(value) and value.isprintable()
+        ):
+            parts.append(f"{name}={value}")
+        else:
+            parts.append(f"{name}={json.dumps(value)}")
     return " ".join(parts)

@@ -170,6 +170,22 @@ def test_text_is_the_default_and_the_environment_chooses_json(
     assert [r["key"] for r in records] == ["json-key"]
 
 
+@pytest.mark.parametrize(
+    ("args", "env"), [(["--no-decision-log"], {}), ([], {"FENCEGATE_DECISION_LOG": "false"})]
+)
+def test_the_decision_log_can_be_switched_off_alone(
+    upstream: UpstreamProcess, tmp_path: Path, args: list[str], env: dict[str, str]
+) -> None:
+    gateway = GatewayProcess(upstream=upstream.url, workdir=tmp_path, extra_args=args, env=env)
+    with gateway, httpx.Client(base_url=gateway.url, timeout=30) as client:
+        answer = client.post("/pay", headers={"Idempotency-Key": "quiet"})
+        # The line of a decision is written before its answer is sent.
+        text = gateway.log_text()
+    assert answer.status_code == 200 and answer.headers["x-request-id"]
+    assert "gateway starting" in text  # the rest of the log is still there
+    assert "fencegate.decisions" not in text and "key=quiet" not in text
+
+
 def test_unknown_log_format_is_refused(upstream: UpstreamProcess, tmp_path: Path) -> None:
     gateway = GatewayProcess(
         upstream=upstream.url, workdir=tmp_path, extra_args=["--log-format", "yaml"]
