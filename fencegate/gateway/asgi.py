@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
+import os
 import re
-import uuid
+import secrets
 
 from fencegate.gateway.engine import GatewayResponse, body_too_large
 from fencegate.gateway.target import Target
@@ -12,6 +14,19 @@ from fencegate.types import IncomingRequest, Receive, Scope, Send
 # A caller's request id is kept only when it is short and plain: it goes into logs and the
 # decision history.
 _SANE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}")
+
+# A made-up request id: a random prefix per process and a counter, unique without asking the
+# kernel for randomness on every request. A forked process draws its own prefix.
+_ID_PREFIX = secrets.token_hex(5)
+_id_numbers = itertools.count(1)
+
+
+def _new_id_prefix() -> None:
+    global _ID_PREFIX
+    _ID_PREFIX = secrets.token_hex(5)
+
+
+os.register_at_fork(after_in_child=_new_id_prefix)
 
 
 class ClientDisconnected(Exception):
@@ -56,7 +71,7 @@ def request_id_of(scope: Scope) -> str:
             text: str = value.decode("latin-1")
             if _SANE_REQUEST_ID.fullmatch(text):
                 return text
-    return uuid.uuid4().hex[:16]
+    return f"{_ID_PREFIX}{next(_id_numbers):06x}"
 
 
 def incoming_request(
