@@ -72,7 +72,14 @@ class PgDatabase:
         init: Callable[[asyncpg.Connection], Coroutine[Any, Any, None]] | None = None,
         max_inactive_connection_lifetime: float = 300.0,
     ) -> PgDatabase:
-        settings = {"jit": "off", "application_name": application_name}
+        # Generic plans: a statement with many parameters (a batch of decisions, as arrays)
+        # was otherwise planned again on every call, which cost more than running it. Every
+        # statement here is a lookup by key, where a generic plan is as good as a custom one.
+        settings = {
+            "jit": "off",
+            "plan_cache_mode": "force_generic_plan",
+            "application_name": application_name,
+        }
         if target.schema is not None:
             settings["search_path"] = target.schema
         try:
