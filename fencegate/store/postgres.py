@@ -9,6 +9,7 @@ and the error rule are `PgDatabase`'s.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import asyncpg
@@ -57,6 +58,38 @@ def _decision(row: asyncpg.Record) -> Decision:
         key_state=row["d_key_state"],
         unknown_since=since.timestamp() if since is not None else None,
         response=response,
+    )
+
+
+def step_arguments(items: Sequence[_Step], *, history: bool) -> tuple[Any, ...]:
+    """The ``step`` query's parameters for a batch: decisions and answers to record, column
+    by column."""
+    decides = [item for item in items if isinstance(item, DecideRequest)]
+    records = [item for item in items if not isinstance(item, DecideRequest)]
+    return (
+        [r.tenant for r in decides],
+        [r.key for r in decides],
+        [r.fingerprint for r in decides],
+        [r.entity for r in decides],
+        [r.fence for r in decides],
+        [r.owner for r in decides],
+        [float(r.lease_seconds) for r in decides],
+        [float(r.ttl_seconds) for r in decides],
+        [r.retry_unknown for r in decides],
+        [r.tenant for r, _ in records],
+        [r.key for r, _ in records],
+        [r.owner for r, _ in records],
+        [r.attempt for r, _ in records],
+        [a.status for _, a in records],
+        [orjson.dumps(a.headers).decode() for _, a in records],
+        [a.body for _, a in records],
+        [a.sha256 for _, a in records],
+        [a.body is None for _, a in records],
+        [r.request_id for r in decides],
+        [r.method for r in decides],
+        [r.target for r in decides],
+        [r.request_id for r, _ in records],
+        history,
     )
 
 
@@ -111,33 +144,9 @@ class PostgresGatewayStore:
 
     async def _step(self, items: list[_Step], timeout: float) -> list[Decision | bool]:
         """One round trip for every decision and recorded answer that queued up."""
+        args = step_arguments(items, history=self.history)
         decides = [item for item in items if isinstance(item, DecideRequest)]
-        records = [item for item in items if not isinstance(item, DecideRequest)]
-        args = (
-            [r.tenant for r in decides],
-            [r.key for r in decides],
-            [r.fingerprint for r in decides],
-            [r.entity for r in decides],
-            [r.fence for r in decides],
-            [r.owner for r in decides],
-            [float(r.lease_seconds) for r in decides],
-            [float(r.ttl_seconds) for r in decides],
-            [r.retry_unknown for r in decides],
-            [r.tenant for r, _ in records],
-            [r.key for r, _ in records],
-            [r.owner for r, _ in records],
-            [r.attempt for r, _ in records],
-            [a.status for _, a in records],
-            [orjson.dumps(a.headers).decode() for _, a in records],
-            [a.body for _, a in records],
-            [a.sha256 for _, a in records],
-            [a.body is None for _, a in records],
-            [r.request_id for r in decides],
-            [r.method for r in decides],
-            [r.target for r in decides],
-            [r.request_id for r, _ in records],
-            self.history,
-        )
+        records = len(items) - len(decides)
         rows = await self._db.run(lambda conn: conn.fetch(Q.step, *args), timeout=timeout)
         decisions: dict[int, Decision] = {}
         recorded: dict[int, bool] = {}
@@ -147,7 +156,7 @@ class PostgresGatewayStore:
                 decisions[index - 1] = _decision(row)
             else:
                 recorded[-index - 1] = row["d_outcome"] == "completed"
-        if len(decisions) != len(decides) or len(recorded) != len(records):
+        if len(decisions) != len(decides) or len(recorded) != records:
             raise StoreUnavailable("the store answered a batch incompletely")
         results: list[Decision | bool] = []
         next_decide = next_record = 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import replace
 
+import asyncpg
 import pytest
 
 from fencegate.store import (
@@ -16,6 +17,8 @@ from fencegate.store import (
     open_gateway_store,
 )
 from fencegate.store.inspect import Inspector
+from fencegate.store.postgres import Q as PG_QUERIES
+from fencegate.store.postgres import step_arguments
 from tests.support.waits import wait_until
 
 T = 30.0  # generous: the machine is shared
@@ -344,3 +347,40 @@ async def test_an_operator_releases_an_unknown_key_and_the_next_request_runs(
     again = await store.decide(replace(BASE, owner="gw-a/2", retry_unknown=False), timeout=T)
     assert (again.outcome, again.attempt) == (Outcome.RESERVED, 1)
     assert not await store.complete(stale_holder, RESPONSE, timeout=T)
+
+
+async def commit_mode_after_step(
+    url: str, items: list[DecideRequest | tuple[Reservation, StoredResponse]]
+) -> str:
+    """``synchronous_commit`` as the step statement leaves it for its transaction's commit."""
+    conn = await asyncpg.connect(url)
+    try:
+        async with conn.transaction():
+            await conn.fetch(PG_QUERIES.step, *step_arguments(items, history=True))
+            mode = await conn.fetchval("SELECT current_setting('synchronous_commit')")
+    finally:
+        await conn.close()
+    return str(mode)
+
+
+async def test_a_batch_that_changes_nothing_commits_without_waiting_for_the_disk(
+    pg_url: str,
+) -> None:
+    """Replays and refusals write only history rows: their commit may be asynchronous. A
+    batch that reserves a key, moves a fence or records an answer must stay durable."""
+    store = await open_gateway_store(pg_url)
+    try:
+        first = await store.decide(BASE, timeout=T)
+        await store.complete(holder(first.attempt), RESPONSE, timeout=T)
+        other = replace(BASE, key="held")
+        held = await store.decide(other, timeout=T)
+    finally:
+        await store.close()
+    replay = replace(BASE, owner="gw-b")
+    reused = replace(BASE, fingerprint="0" * 64)
+    in_flight = replace(other, owner="gw-b")
+    assert await commit_mode_after_step(pg_url, [replay, reused, in_flight]) == "off"
+    assert await commit_mode_after_step(pg_url, [replay, replace(BASE, key="new")]) == "on"
+    assert await commit_mode_after_step(pg_url, [replace(replay, entity="e", fence=1)]) == "on"
+    answer = (holder(held.attempt, other), RESPONSE)
+    assert await commit_mode_after_step(pg_url, [replay, answer]) == "on"

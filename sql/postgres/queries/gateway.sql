@@ -31,8 +31,19 @@ WITH step AS (
         s.d_expires_at
     FROM step s
     WHERE $23::boolean AND (s.d_index > 0 OR s.d_outcome = 'completed')
+), commit_mode AS MATERIALIZED (
+    -- A batch that changed no key and no fence (replays and refusals, no fence given, no
+    -- answer recorded) wrote only its history rows: its commit need not wait for the WAL to
+    -- reach the disk. A database crash can lose the last such rows, never a key or a fence.
+    SELECT set_config('synchronous_commit', 'off', true) AS setting
+    WHERE NOT EXISTS (
+        SELECT 1 FROM step s
+        WHERE s.d_index < 0
+            OR s.d_outcome NOT IN ('replay', 'mismatch', 'in_flight', 'unknown')
+            OR ($5::bigint[])[s.d_index] IS NOT NULL)
 )
-SELECT * FROM step;
+-- The mode is read here so that it is set before the statement's transaction commits.
+SELECT step.* FROM step, (SELECT count(setting) FROM commit_mode) AS mode;
 
 -- name: release
 -- 5xx not stored, or nothing reached the upstream: the key goes, so that a retry runs again.
