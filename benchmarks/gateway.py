@@ -1,6 +1,7 @@
 """Gateway throughput and latency, side by side in one run, then a profile of the gateway.
 
     .venv/bin/python -m benchmarks.gateway [--concurrency 16,64] [--rounds 2] [--duration 3]
+        [--only TEXT,...] [--compare LABEL=PYTHON ...]
 
 Every server is its own uvicorn process (one worker) on loopback, and the load comes from
 another process (`benchmarks.loadgen`). For each concurrency, two tables, each measured in
@@ -9,8 +10,14 @@ interleaved rounds:
 The gateway (ratios to the bare proxy of the same round): the upstream alone; a bare
 passthrough proxy on the same stack, with no store (`benchmarks.bare_proxy`); fencegate on
 SQLite and on PostgreSQL with a new key and a fence on every request, on PostgreSQL also with
-the decision history switched off (its cost); and the replay path (one key repeated).
+the decision history switched off, and with both the history and the decision log off (what
+they cost); and the replay path (one key repeated).
 The bars: PostgreSQL new keys (history on) >= 0.6x, replay >= 1.0x.
+
+``--compare LABEL=PYTHON`` adds rows for another fencegate, the one installed for that
+interpreter (an earlier release in its own venv: ``pip install fencegate==X`` or a checkout
+of an older commit), on PostgreSQL with its own migrations, measured in the same rounds:
+whether a change made the gateway slower is read off one table.
 
 The middleware (ratios to the app alone): one Starlette app (`benchmarks.peers`) behind
 `FenceGateMiddleware` (SQLite, PostgreSQL with and without history) and behind the
@@ -52,7 +59,7 @@ import orjson
 from benchmarks.loadgen import BODY
 from fencegate.store.migrations import migrate
 from tests.support import postgres
-from tests.support.gateway import GatewayProcess
+from tests.support.gateway import GatewayProcess, installed_env
 from tests.support.net import free_port, wait_for_port
 from tests.support.upstream import UpstreamProcess
 
@@ -513,6 +520,15 @@ def latency_breakdown(
 # ---------------------------------------------------------------------------- main
 
 
+def _comparison(text: str) -> tuple[str, str]:
+    label, sep, python = text.partition("=")
+    if not sep or not label or not Path(python).is_file():
+        raise argparse.ArgumentTypeError(
+            f"expected LABEL=PATH-TO-PYTHON (an interpreter with fencegate installed), got {text!r}"
+        )
+    return label, python
+
+
 async def _new_postgres_database(server: str, *, migrated: bool = True) -> str:
     url = await postgres.create_database(server)
     if migrated:
@@ -610,6 +626,23 @@ def main(argv: list[str] | None = None) -> int:
         "--native", action="store_true", help="sample native frames too (syscalls, GC)"
     )
     parser.add_argument("--profile-dir", type=Path, default=None)
+    parser.add_argument(
+        "--compare",
+        action="append",
+        default=[],
+        metavar="LABEL=PYTHON",
+        type=_comparison,
+        help="also measure the fencegate that PYTHON has installed (another release, in its "
+        "own venv) on PostgreSQL, in the same rounds; may be repeated",
+    )
+    parser.add_argument(
+        "--only",
+        type=lambda text: [part for part in text.split(",") if part],
+        default=[],
+        metavar="TEXT,...",
+        help="measure only the gateway rows whose name contains one of these (the upstream "
+        "and the bare proxy are always measured)",
+    )
     args = parser.parse_args(argv)
     started = time.monotonic()
 
@@ -640,6 +673,14 @@ def main(argv: list[str] | None = None) -> int:
                 extra_args=["--no-decision-history"],
             )
         )
+        quiet_url, quiet_database = new_database()
+        gw_quiet = stack.enter_context(
+            GatewayProcess(
+                upstream=upstream.url,
+                database_url=quiet_url,
+                extra_args=["--no-decision-history", "--no-decision-log"],
+            )
+        )
         up = (upstream.pid,)
         gateway = [
             Scenario("upstream alone", upstream.url, "new-keys", upstream.pid),
@@ -650,13 +691,41 @@ def main(argv: list[str] | None = None) -> int:
                      up, pg_database),
             Scenario("fencegate PG, new key, no history", gw_nohist.url, "new-keys",
                      gw_nohist.pid, None, up, nohist_database),
+            Scenario("fencegate PG, new key, no history, no log", gw_quiet.url, "new-keys",
+                     gw_quiet.pid, None, up, quiet_database),
             Scenario("fencegate PG, replay", gw_pg.url, "replay", gw_pg.pid, 1.0, up,
                      pg_database),
             # A replay writes its history row (and so commits); without the history it is a
             # read: this row shows what the history costs a replay.
             Scenario("fencegate PG, replay, no history", gw_nohist.url, "replay",
                      gw_nohist.pid, None, up, nohist_database),
+            # Without the decision log either: what the two switches leave.
+            Scenario("fencegate PG, replay, no history, no log", gw_quiet.url, "replay",
+                     gw_quiet.pid, None, up, quiet_database),
         ]  # fmt: skip
+        for label, python in args.compare:
+            other_url = asyncio.run(postgres.create_database(server))
+            stack.callback(lambda url=other_url: asyncio.run(postgres.drop_database(server, url)))
+            # Its own migrations: another release has another schema.
+            subprocess.run(
+                [python, "-m", "fencegate.cli", "migrate", "--database-url", other_url],
+                check=True, cwd=tmp, capture_output=True, env=installed_env(),
+            )  # fmt: skip
+            other = stack.enter_context(
+                GatewayProcess(upstream=upstream.url, database_url=other_url, python=python)
+            )
+            other_database = urlsplit(other_url).path.lstrip("/")
+            gateway += [
+                Scenario(f"{label}: PG, new key + fence", other.url, "new-keys", other.pid,
+                         None, up, other_database),
+                Scenario(f"{label}: PG, replay", other.url, "replay", other.pid, None, up,
+                         other_database),
+            ]  # fmt: skip
+
+        if args.only:
+            gateway = gateway[:2] + [
+                s for s in gateway[2:] if any(part in s.name for part in args.only)
+            ]
 
         peers: list[Scenario] = []
         if not args.no_peers:
@@ -723,7 +792,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         out_dir = args.profile_dir or tmp
         out_dir.mkdir(parents=True, exist_ok=True)
-        for scenario in (gateway[3], gateway[5]):
+        profiled = ("fencegate PG, new key + fence", "fencegate PG, replay")
+        for scenario in [s for s in gateway if s.name in profiled]:
             scraped = scrape_latency(scenario.url)
             raw, load = profile(
                 scenario,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import subprocess
 import sys
@@ -37,6 +38,7 @@ class GatewayProcess:
         port: int | None = None,
         workdir: Path | str | None = None,
         startup_timeout: float = 30.0,
+        python: str | None = None,
     ) -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -47,6 +49,9 @@ class GatewayProcess:
         self.env = dict(env or {})
         self.extra_args = list(extra_args)
         self.startup_timeout = startup_timeout
+        # Another interpreter (a venv with another fencegate installed) runs its own
+        # installed package, not this checkout: benchmarks compare releases that way.
+        self.python = python
         self._tmp = tempfile.TemporaryDirectory(prefix="fencegate-gw-")
         # Without a database URL the gateway uses ./fencegate.db: keep it out of the repo.
         self.workdir = Path(workdir) if workdir else Path(self._tmp.name)
@@ -56,7 +61,7 @@ class GatewayProcess:
 
     def command(self) -> list[str]:
         cmd = [
-            sys.executable,
+            self.python or sys.executable,
             "-m",
             "fencegate.cli",
             "serve",
@@ -100,11 +105,14 @@ class GatewayProcess:
         self._proc = subprocess.Popen(
             self.command(),
             cwd=self.workdir,
-            env=child_env(self.env),
+            env=child_env(self.env) if self.python is None else self._foreign_env(),
             stdout=self._log,
             stderr=subprocess.STDOUT,
         )
         self.wait_ready(timeout=self.startup_timeout)
+
+    def _foreign_env(self) -> dict[str, str]:
+        return installed_env() | self.env
 
     def wait_ready(self, *, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -151,6 +159,12 @@ class GatewayProcess:
             return self.log_path.read_text(errors="replace")
         except OSError:
             return ""
+
+
+def installed_env() -> dict[str, str]:
+    """This environment without ``PYTHONPATH``: another interpreter runs the fencegate it has
+    installed, not this checkout."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
 
 
 def _number(value: float) -> str:
