@@ -11,6 +11,7 @@ lost) → outcome unknown, 504.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -143,6 +144,12 @@ class HttpUpstream:
             raise UpstreamOutcomeUnknown(str(detail) or type(exc).__name__) from exc
 
 
+@functools.lru_cache(maxsize=64)
+def _netloc(upstream: str) -> str:
+    # A handful of configured upstreams, each parsed once rather than on every request.
+    return urlsplit(upstream).netloc
+
+
 def forwarded_headers(request: IncomingRequest, upstream: str) -> CIMultiDict[str]:
     """The request's headers as the upstream should see them: per-hop ones removed
     (including those the Connection header names), Host set to the upstream's."""
@@ -154,7 +161,7 @@ def forwarded_headers(request: IncomingRequest, upstream: str) -> CIMultiDict[st
     headers: CIMultiDict[str] = CIMultiDict(
         (k, v) for k, v in request.headers if k not in _NOT_FORWARDED and k not in named
     )
-    headers["host"] = urlsplit(upstream).netloc
+    headers["host"] = _netloc(upstream)
     headers["x-forwarded-host"] = request.authority
     headers["x-forwarded-proto"] = request.scheme
     return headers
