@@ -8,10 +8,14 @@ checks the same through real processes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fencegate.gateway.problems import Problem
-from fencegate.gateway.target import parse_target
+from fencegate.gateway.target import Target, parse_target, parse_target_fully
 
 # (sent, what the upstream of old saw): every one of these changed on the way.
 REFUSED = [
@@ -64,3 +68,25 @@ def test_the_route_path_is_what_the_upstream_reads_but_an_encoded_slash_stays() 
     assert parse_target(b"/%61dmin/x", b"").route_path == "/admin/x"
     slashed = parse_target(b"/files/a%2Fb", b"")
     assert (slashed.route_path, slashed.encoded_slash) == ("/files/a%2Fb", True)
+
+
+def _outcome(parse: Callable[[bytes, bytes], Target], path: bytes, query: bytes) -> object:
+    try:
+        return parse(path, query)
+    except Problem as problem:
+        return ("refused", problem.detail)
+
+
+# Bytes that matter to the rules, so that random targets often hit them.
+_TRICKY = st.sampled_from([b"/", b".", b"..", b"%", b"%2F", b"%2e", b"a", b"-", b"~", b"%41"])
+_TARGET_BYTES = st.lists(_TRICKY | st.binary(min_size=1, max_size=2), max_size=12).map(b"".join)
+
+
+@settings(max_examples=2000, deadline=None)
+@given(path=_TARGET_BYTES, query=st.binary(max_size=8) | _TARGET_BYTES)
+def test_the_shortcut_for_plain_targets_agrees_with_the_full_rule(
+    path: bytes, query: bytes
+) -> None:
+    """The one-match shortcut answers exactly as the byte-by-byte rule, for any target."""
+    for sent in (path, b"/" + path):
+        assert _outcome(parse_target, sent, query) == _outcome(parse_target_fully, sent, query)
