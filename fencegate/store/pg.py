@@ -71,15 +71,15 @@ class PgDatabase:
         reset_sessions: bool = False,
         init: Callable[[asyncpg.Connection], Coroutine[Any, Any, None]] | None = None,
         max_inactive_connection_lifetime: float = 300.0,
+        generic_plans: bool = False,
     ) -> PgDatabase:
-        # Generic plans: a statement with many parameters (a batch of decisions, as arrays)
-        # was otherwise planned again on every call, which cost more than running it. Every
-        # statement here is a lookup by key, where a generic plan is as good as a custom one.
-        settings = {
-            "jit": "off",
-            "plan_cache_mode": "force_generic_plan",
-            "application_name": application_name,
-        }
+        """A pool on ``target``. ``generic_plans`` for callers whose every statement is a
+        lookup by key: PostgreSQL then plans each prepared statement once. Statements with
+        optional filters (``$1 IS NULL OR col = $1``, the operator's reads) need the default,
+        a plan for the values given."""
+        settings = {"jit": "off", "application_name": application_name}
+        if generic_plans:
+            settings["plan_cache_mode"] = "force_generic_plan"
         if target.schema is not None:
             settings["search_path"] = target.schema
         try:

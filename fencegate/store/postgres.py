@@ -120,6 +120,9 @@ class PostgresGatewayStore:
             min_size=min_size,
             max_size=max_size,
             timeout=timeout,
+            # The batch statement (arrays of parameters) was otherwise planned again on every
+            # call, which cost more than running it; every gateway statement is by key.
+            generic_plans=True,
         )
         return cls(db, history=history)
 

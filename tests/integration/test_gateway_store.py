@@ -17,6 +17,7 @@ from fencegate.store import (
     open_gateway_store,
 )
 from fencegate.store.inspect import Inspector
+from fencegate.store.pg import PgDatabase
 from fencegate.store.postgres import Q as PG_QUERIES
 from fencegate.store.postgres import step_arguments
 from tests.support.waits import wait_until
@@ -384,3 +385,23 @@ async def test_a_batch_that_changes_nothing_commits_without_waiting_for_the_disk
     assert await commit_mode_after_step(pg_url, [replace(replay, entity="e", fence=1)]) == "on"
     answer = (holder(held.attempt, other), RESPONSE)
     assert await commit_mode_after_step(pg_url, [replay, answer]) == "on"
+
+
+async def test_only_the_gateway_store_plans_its_statements_once(pg_url: str) -> None:
+    """The gateway's statements are lookups by key, planned once (generic plans); the
+    operator's reads filter on optional values (``$1 IS NULL OR state = $1``) and keep a
+    plan for the values given, or they would scan whole tables."""
+    store = await open_gateway_store(pg_url)
+    inspector = await Inspector.open(pg_url)
+    try:
+        modes = []
+        for owner in (store, inspector):
+            db = getattr(owner, "_db")  # noqa: B009 - the pool behind each one
+            assert isinstance(db, PgDatabase)
+            modes.append(
+                await db.run(lambda conn: conn.fetchval("SHOW plan_cache_mode"), timeout=T)
+            )
+    finally:
+        await inspector.close()
+        await store.close()
+    assert modes == ["force_generic_plan", "auto"]
