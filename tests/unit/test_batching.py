@@ -61,16 +61,18 @@ async def test_a_failed_batch_fails_each_of_its_calls() -> None:
 
 async def test_a_queued_call_gives_up_at_its_own_deadline_not_when_the_batch_ahead_ends() -> None:
     sent: list[list[str]] = []
+    on_the_wire = asyncio.Event()
     release = asyncio.Event()
 
     async def run(items: list[str], timeout: float) -> list[str]:
         sent.append(items)
+        on_the_wire.set()
         await release.wait()
         return items
 
     batcher: Batcher[str, str] = Batcher(run, max_in_flight=1)
     ahead = asyncio.create_task(batcher.submit("ahead", timeout=30))
-    await asyncio.sleep(0)  # let it go out
+    await asyncio.wait_for(on_the_wire.wait(), 5)
     # The batch ahead is still on the wire (release not set): the queued call must not wait
     # for it past its own 0.05 s.
     with pytest.raises(StoreUnavailable):
