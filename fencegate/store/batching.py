@@ -27,17 +27,23 @@ class _Call(Generic[I, R]):
     """One submitted call. Compared by identity: finding it among the queued calls must not
     compare the items themselves (dataclasses, compared field by field)."""
 
-    __slots__ = ("deadline", "future", "item", "sent")
+    __slots__ = ("deadline", "future", "item", "taken")
     item: I
     deadline: float
     future: asyncio.Future[R]
-    sent: bool
+    taken: bool
 
     def __init__(self, item: I, deadline: float, future: asyncio.Future[R]) -> None:
         self.item = item
         self.deadline = deadline
         self.future = future
-        self.sent = False  # taken off the queue: in a batch, or failed there unsent
+        self.taken = False  # off the queue: sent in a batch, or failed unsent
+
+    def give_up(self) -> None:
+        """Off the queue, unsent: its caller's deadline has passed."""
+        self.taken = True
+        if not self.future.done():
+            self.future.set_exception(StoreUnavailable("no answer in time (queued)"))
 
 
 class Batcher(Generic[I, R]):
@@ -65,7 +71,7 @@ class Batcher(Generic[I, R]):
         self._pending.append(call)
         if len(self._in_flight) < self._max_in_flight:
             self._start()
-        if not (call.sent or call.future.done()):
+        if not call.taken:
             self._sweep_by(call.deadline)
         return await call.future
 
@@ -86,10 +92,8 @@ class Batcher(Generic[I, R]):
         for call in self._pending:
             if call.deadline > now:
                 waiting.append(call)
-                continue
-            call.sent = True
-            if not call.future.done():
-                call.future.set_exception(StoreUnavailable("no answer in time (queued)"))
+            else:
+                call.give_up()
         self._pending[:] = waiting
         if waiting:
             self._sweep_by(min(call.deadline for call in waiting))
@@ -102,11 +106,10 @@ class Batcher(Generic[I, R]):
             now = time.monotonic()
             live = []
             for call in batch:
-                call.sent = True
                 if call.deadline <= now:
-                    if not call.future.done():
-                        call.future.set_exception(StoreUnavailable("no answer in time (queued)"))
+                    call.give_up()
                 else:
+                    call.taken = True
                     live.append(call)
             if live:
                 return live
