@@ -61,11 +61,22 @@ def _decision(row: asyncpg.Record) -> Decision:
     )
 
 
-def step_arguments(items: Sequence[_Step], *, history: bool) -> tuple[Any, ...]:
-    """The ``step`` query's parameters for a batch: decisions and answers to record, column
-    by column."""
+def split_steps(
+    items: Sequence[_Step],
+) -> tuple[list[DecideRequest], list[tuple[Reservation, StoredResponse]]]:
+    """A batch's decisions, and its answers to record, each in arrival order."""
     decides = [item for item in items if isinstance(item, DecideRequest)]
     records = [item for item in items if not isinstance(item, DecideRequest)]
+    return decides, records
+
+
+def step_arguments(
+    decides: Sequence[DecideRequest],
+    records: Sequence[tuple[Reservation, StoredResponse]],
+    *,
+    history: bool,
+) -> tuple[Any, ...]:
+    """The ``step`` query's parameters for a batch, column by column."""
     return (
         [r.tenant for r in decides],
         [r.key for r in decides],
@@ -147,9 +158,8 @@ class PostgresGatewayStore:
 
     async def _step(self, items: list[_Step], timeout: float) -> list[Decision | bool]:
         """One round trip for every decision and recorded answer that queued up."""
-        args = step_arguments(items, history=self.history)
-        decides = [item for item in items if isinstance(item, DecideRequest)]
-        records = len(items) - len(decides)
+        decides, records = split_steps(items)
+        args = step_arguments(decides, records, history=self.history)
         rows = await self._db.run(lambda conn: conn.fetch(Q.step, *args), timeout=timeout)
         decisions: dict[int, Decision] = {}
         recorded: dict[int, bool] = {}
@@ -159,7 +169,7 @@ class PostgresGatewayStore:
                 decisions[index - 1] = _decision(row)
             else:
                 recorded[-index - 1] = row["d_outcome"] == "completed"
-        if len(decisions) != len(decides) or len(recorded) != records:
+        if len(decisions) != len(decides) or len(recorded) != len(records):
             raise StoreUnavailable("the store answered a batch incompletely")
         results: list[Decision | bool] = []
         next_decide = next_record = 0

@@ -19,7 +19,7 @@ from fencegate.store import (
 from fencegate.store.inspect import Inspector
 from fencegate.store.pg import PgDatabase
 from fencegate.store.postgres import Q as PG_QUERIES
-from fencegate.store.postgres import step_arguments
+from fencegate.store.postgres import split_steps, step_arguments
 from tests.support.waits import wait_until
 
 T = 30.0  # generous: the machine is shared
@@ -357,7 +357,8 @@ async def commit_mode_after_step(
     conn = await asyncpg.connect(url)
     try:
         async with conn.transaction():
-            await conn.fetch(PG_QUERIES.step, *step_arguments(items, history=True))
+            args = step_arguments(*split_steps(items), history=True)
+            await conn.fetch(PG_QUERIES.step, *args)
             mode = await conn.fetchval("SELECT current_setting('synchronous_commit')")
     finally:
         await conn.close()
