@@ -105,6 +105,12 @@ _PLAIN = re.compile(r"[!#-<>-\[\]-~]+")
 _NEEDS_QUOTES = re.compile(r'[ "=\\]')
 
 
+def _bare(text: str) -> bool:
+    return bool(
+        _PLAIN.fullmatch(text) or (text and not _NEEDS_QUOTES.search(text) and text.isprintable())
+    )
+
+
 def text_fields(fields: dict[str, Any], *, skip: tuple[str, ...] = ()) -> str:
     """``name=value`` pairs for the text format; absent values are left out, and a value
     with spaces, quotes or ``=`` is written as a JSON string so the line stays parseable."""
@@ -112,12 +118,8 @@ def text_fields(fields: dict[str, Any], *, skip: tuple[str, ...] = ()) -> str:
     for name, value in fields.items():
         if value is None or name in skip:
             continue
-        if not isinstance(value, str):
-            parts.append(f"{name}={value}")  # a number or a flag: nothing to quote
-        elif _PLAIN.fullmatch(value) or (
-            value and not _NEEDS_QUOTES.search(value) and value.isprintable()
-        ):
-            parts.append(f"{name}={value}")
-        else:
-            parts.append(f"{name}={json.dumps(value)}")
+        # A number or a flag has nothing to quote.
+        if isinstance(value, str) and not _bare(value):
+            value = json.dumps(value)
+        parts.append(f"{name}={value}")
     return " ".join(parts)
