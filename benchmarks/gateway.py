@@ -704,9 +704,8 @@ def main(argv: list[str] | None = None) -> int:
                      gw_quiet.pid, None, up, quiet_database),
         ]  # fmt: skip
         for label, python in args.compare:
-            other_url = asyncio.run(postgres.create_database(server))
-            stack.callback(lambda url=other_url: asyncio.run(postgres.drop_database(server, url)))
             # Its own migrations: another release has another schema.
+            other_url, other_database = new_database(migrated=False)
             subprocess.run(
                 [python, "-m", "fencegate.cli", "migrate", "--database-url", other_url],
                 check=True, cwd=tmp, capture_output=True, env=installed_env(),
@@ -714,7 +713,6 @@ def main(argv: list[str] | None = None) -> int:
             other = stack.enter_context(
                 GatewayProcess(upstream=upstream.url, database_url=other_url, python=python)
             )
-            other_database = urlsplit(other_url).path.lstrip("/")
             gateway += [
                 Scenario(f"{label}: PG, new key + fence", other.url, "new-keys", other.pid,
                          None, up, other_database),

@@ -105,14 +105,11 @@ class GatewayProcess:
         self._proc = subprocess.Popen(
             self.command(),
             cwd=self.workdir,
-            env=child_env(self.env) if self.python is None else self._foreign_env(),
+            env=child_env(self.env) if self.python is None else installed_env() | self.env,
             stdout=self._log,
             stderr=subprocess.STDOUT,
         )
         self.wait_ready(timeout=self.startup_timeout)
-
-    def _foreign_env(self) -> dict[str, str]:
-        return installed_env() | self.env
 
     def wait_ready(self, *, timeout: float) -> None:
         deadline = time.monotonic() + timeout
