@@ -1,6 +1,6 @@
 """A worker whose tool calls a fenced service with httpx.
 
-Run it::
+Run it (httpx comes with the ``httpx`` extra: ``pip install 'fencegate[httpx]'``)::
 
     python examples/worker_httpx.py
 
@@ -16,35 +16,21 @@ the lease is lost or cannot be confirmed, and is signed when the worker has a ``
 from __future__ import annotations
 
 import asyncio
-import socket
 import sys
 import tempfile
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
-import httpx
-import uvicorn
+try:
+    import httpx
+except ModuleNotFoundError:  # the base install has aiohttp; httpx comes with the extra
+    sys.exit("This example needs httpx: pip install 'fencegate[httpx]' (or pip install httpx).")
 
 from fencegate.lease import JobContext, LeaseQueue, PermanentError, Worker
 from fencegate.lease.events import EventLog
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from middleware_starlette import build_app
-
-
-def serve(app: Any) -> tuple[str, uvicorn.Server, threading.Thread]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 15
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return f"http://127.0.0.1:{port}", server, thread
+from middleware_starlette import build_app, serve_in_thread
 
 
 def capture_tool(service: str) -> Any:
@@ -64,7 +50,7 @@ def capture_tool(service: str) -> Any:
 
 
 async def main(workdir: Path) -> int:
-    service, server, thread = serve(build_app(f"sqlite:///{workdir / 'service.db'}"))
+    service, server, thread = serve_in_thread(build_app(f"sqlite:///{workdir / 'service.db'}"))
     queue_url = f"sqlite:///{workdir / 'queue.db'}"
     queue = await LeaseQueue.connect(queue_url)
     await queue.migrate()

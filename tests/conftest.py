@@ -13,6 +13,9 @@ from fencegate.store import GatewayStore, open_gateway_store
 from fencegate.store.migrations import migrate
 from tests.support import postgres
 
+# The run must leave the working tree as it found it (tracked files, untracked files).
+pytest_plugins = ["tests.support.clean_tree"]
+
 
 @pytest.fixture(scope="session")
 def pg_server_url() -> str:

@@ -8,12 +8,12 @@ PostgreSQL, the write lock on SQLite).
 from __future__ import annotations
 
 import sqlite3
-from importlib import resources
 from typing import Literal
 
 import asyncpg
 
 from fencegate.store.dburl import parse_database_url
+from fencegate.store.sqlfiles import store_folder
 from fencegate.store.sqlite_db import SQLiteDatabase, write_transaction
 
 _ADVISORY_LOCK_ID = 0x46454E43  # "FENC"
@@ -28,7 +28,7 @@ CREATE TABLE IF NOT EXISTS fencegate_migrations (
 
 def migration_files(kind: Literal["postgresql", "sqlite"]) -> list[tuple[str, str]]:
     """(name, sql) for every migration of one store, in order."""
-    folder = resources.files("fencegate.sql").joinpath("postgres" if kind == "postgresql" else kind)
+    folder = store_folder(kind)
     files = sorted(
         (entry.name, entry.read_text(encoding="utf-8"))
         for entry in folder.iterdir()

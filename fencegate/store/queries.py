@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import functools
 import re
-from importlib import resources
 from typing import Literal
+
+from fencegate.store.sqlfiles import store_folder
 
 StoreKind = Literal["postgresql", "sqlite"]
 
@@ -36,9 +37,7 @@ def parse_queries(text: str, *, source: str = "<sql>") -> dict[str, str]:
 @functools.cache
 def queries(kind: StoreKind) -> dict[str, str]:
     """Every named query of one store, from all of its query files."""
-    folder = resources.files("fencegate.sql").joinpath(
-        "postgres" if kind == "postgresql" else "sqlite", "queries"
-    )
+    folder = store_folder(kind).joinpath("queries")
     found: dict[str, str] = {}
     for entry in sorted(folder.iterdir(), key=lambda e: e.name):
         if not entry.name.endswith(".sql"):

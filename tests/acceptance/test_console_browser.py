@@ -5,12 +5,15 @@ The store holds the story of the trace command's tests: a job with two attempts 
 lease ran out, worker-2 took over), worker-1's late request fenced off, and the charge key
 stuck in outcome unknown. The operator follows that key from the overview to its trace and
 resolves it with confirmation; a viewer cannot act, a tenant's token sees no other tenant, and
-a POST without the CSRF token is refused. The pages' screenshots go to docs/console/.
+a POST without the CSRF token is refused. The pages' screenshots for the README are taken
+only when asked: ``FENCEGATE_SCREENSHOTS=docs/console python -m pytest -k operator_follows
+tests/acceptance/test_console_browser.py`` (a test run leaves the tree clean).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -31,7 +34,8 @@ from tests.support.stories import two_workers_one_fenced_off
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]  # fmt: skip
-SHOTS = REPO_ROOT / "docs" / "console"
+# Where the README's screenshots go, only when asked (a path, relative to the repository).
+SHOTS = os.environ.get("FENCEGATE_SCREENSHOTS")
 KEY = "capture:inv-1:POST /v1/charges"
 SECRETS = {"night-op": "operator-secret-0123456789", "watcher": "viewer-secret-0123456789",
            "other-op": "other-tenant-secret-012345"}  # fmt: skip
@@ -124,9 +128,10 @@ async def signed_in(browser: Any, base: str, name: str) -> Any:
 
 
 async def shot(page: Any, name: str, store_kind: str) -> None:
-    if store_kind == "sqlite":  # one set of pictures is enough
-        SHOTS.mkdir(parents=True, exist_ok=True)
-        await page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+    if SHOTS and store_kind == "sqlite":  # one set of pictures is enough
+        folder = REPO_ROOT / SHOTS
+        folder.mkdir(parents=True, exist_ok=True)
+        await page.screenshot(path=str(folder / f"{name}.png"), full_page=True)
 
 
 async def test_operator_follows_the_stuck_key_to_its_trace_and_resolves_it(
