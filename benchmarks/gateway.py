@@ -20,7 +20,7 @@ of an older commit), on PostgreSQL with its own migrations, measured in the same
 whether a change made the gateway slower is read off one table.
 
 The middleware (ratios to the app alone): one Starlette app (`benchmarks.peers`) behind
-`FenceGateMiddleware` (SQLite, PostgreSQL with and without history) and behind the
+`FencegateMiddleware` (SQLite, PostgreSQL with and without history) and behind the
 Idempotency-Key middlewares a user might pick instead, new keys and replays. Before the
 rounds each one is checked on the app's own execution count (the same key twice runs once;
 eight concurrent copies of one key run once), and the verdict is printed on its rows: a

@@ -70,10 +70,10 @@ def build(
     if middleware == "none":
         return app
     if middleware == "fencegate":
-        from fencegate.gateway.middleware import FenceGateMiddleware
+        from fencegate.gateway.middleware import FencegateMiddleware
 
-        # FenceGateMiddleware closes its store at lifespan shutdown by itself.
-        app.add_middleware(FenceGateMiddleware, database_url=database_url, decision_history=history)
+        # FencegateMiddleware closes its store at lifespan shutdown by itself.
+        app.add_middleware(FencegateMiddleware, database_url=database_url, decision_history=history)
         return app
     if middleware == "fastapi-idempotency-key":
         from fastapi_idempotency_key import IdempotencyMiddleware

@@ -1,4 +1,4 @@
-"""`FenceGateMiddleware` in a Starlette service: the gateway's checks in-process.
+"""`FencegateMiddleware` in a Starlette service: the gateway's checks in-process.
 
 Serve it::
 
@@ -33,7 +33,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from fencegate import FenceGateMiddleware
+from fencegate import FencegateMiddleware
 from fencegate.gateway.routes import EntityRule, RoutePolicy
 
 captures: list[dict[str, Any]] = []
@@ -68,7 +68,7 @@ def build_app(database_url: str | None = None) -> Starlette:
         ],
         middleware=[
             Middleware(
-                FenceGateMiddleware,
+                FencegateMiddleware,
                 database_url=database_url or os.environ.get("FENCEGATE_DATABASE_URL"),
                 routes=[policy],
             )

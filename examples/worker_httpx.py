@@ -4,7 +4,7 @@ Run it (httpx comes with the ``httpx`` extra: ``pip install 'fencegate[httpx]'``
 
     python examples/worker_httpx.py
 
-It serves the Starlette service of ``middleware_starlette.py`` (FenceGateMiddleware in front
+It serves the Starlette service of ``middleware_starlette.py`` (FencegateMiddleware in front
 of invoice captures) on a loopback port, queues three capture jobs on a SQLite lease queue,
 and runs a `Worker` until the queue is idle. The tool sends each capture through an
 ``httpx.AsyncClient`` whose ``auth`` is ``job.httpx_auth()``: every request carries the job's

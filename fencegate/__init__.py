@@ -1,6 +1,6 @@
 """fencegate: idempotency keys and fencing tokens for side effects.
 
-The receiver half (`FenceGateMiddleware`, `fencegate serve`) and the worker half
+The receiver half (`FencegateMiddleware`, `fencegate serve`) and the worker half
 (`fencegate.lease`) speak one protocol; see the README.
 """
 
@@ -11,15 +11,22 @@ from fencegate.errors import FencegateError, StoreUnavailable
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from fencegate.gateway.middleware import FenceGateMiddleware
+    from fencegate.gateway.middleware import FenceGateMiddleware, FencegateMiddleware
 
-__all__ = ["FenceGateMiddleware", "FencegateError", "StoreUnavailable", "__version__"]
+__all__ = [
+    "FenceGateMiddleware",
+    "FencegateError",
+    "FencegateMiddleware",
+    "StoreUnavailable",
+    "__version__",
+]
 
 
 def __getattr__(name: str) -> Any:
     # Imported lazily so that `import fencegate.lease` in a worker does not pull in the gateway.
-    if name == "FenceGateMiddleware":
-        from fencegate.gateway.middleware import FenceGateMiddleware
+    # `FenceGateMiddleware` is the name as first spelled, kept for existing imports.
+    if name in ("FencegateMiddleware", "FenceGateMiddleware"):
+        from fencegate.gateway import middleware
 
-        return FenceGateMiddleware
+        return getattr(middleware, name)
     raise AttributeError(name)

@@ -69,7 +69,7 @@ class Authenticator(Protocol):
     """Step 1 of the gateway's decision order: who sent this request.
 
     Returns the tenant that scopes every key and fence, or raises
-    ``fencegate.gateway.problems.Problem`` (401). Must not store anything but the nonce.
+    ``fencegate.problems.Problem`` (401). Must not store anything but the nonce.
     """
 
     async def authenticate(self, request: IncomingRequest, nonces: NonceStore) -> str: ...

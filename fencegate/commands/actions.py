@@ -1,117 +1,13 @@
-"""The operator's actions, shared by the command line and the web console.
+"""Kept so that ``fencegate.commands.actions`` still imports: the operator's actions live in
+`fencegate.operator_actions`, below both the command line and the console."""
 
-Each action goes through the rule's own home (the gateway store resolves a key, the lease
-queue cancels a job, the inspector retries one) and leaves one audit record: who, what, why,
-and the state before and after. The callers open the stores; this module only acts.
-"""
+from fencegate.operator_actions import (
+    cancel_job,
+    key_fields,
+    key_history,
+    resolve_key,
+    retry_job,
+    stored_answer,
+)
 
-from __future__ import annotations
-
-import hashlib
-
-from fencegate.commands.output import when
-from fencegate.lease import LeaseQueue
-from fencegate.store import GatewayStore, KeyRecord, ResolveResult, StoredResponse
-from fencegate.store.inspect import Inspector, Row
-
-
-def stored_answer(status: int, body: bytes, content_type: str) -> StoredResponse:
-    """The answer an operator records for a key: replayed to every retry from then on."""
-    if not 100 <= status <= 599:
-        raise ValueError(f"status {status} is not an HTTP status from 100 to 599")
-    return StoredResponse(
-        status=status,
-        headers=[("content-type", content_type)],
-        body=body,
-        sha256=hashlib.sha256(body).hexdigest(),
-    )
-
-
-async def resolve_key(
-    store: GatewayStore,
-    inspector: Inspector,
-    *,
-    tenant: str,
-    key: str,
-    answer: StoredResponse | None,
-    actor: str,
-    reason: str | None,
-    timeout: float,
-) -> ResolveResult:
-    """Record ``answer`` for an unknown key (None: release it), and audit it."""
-    before = await store.get_key(tenant, key, timeout=timeout)
-    result = await store.resolve_key(tenant, key, answer, resolved_by=actor, timeout=timeout)
-    if result in (ResolveResult.COMPLETED, ResolveResult.RELEASED):
-        after = await store.get_key(tenant, key, timeout=timeout)
-        await inspector.audit(
-            actor=actor,
-            action=f"keys.resolve_{result.value}",
-            tenant=tenant,
-            subject=key,
-            reason=reason,
-            before=key_fields(before) if before is not None else None,
-            after=key_fields(after) if after is not None else None,
-            timeout=timeout,
-        )
-    return result
-
-
-async def cancel_job(
-    queue: LeaseQueue,
-    inspector: Inspector,
-    job_id: int,
-    *,
-    actor: str,
-    reason: str | None,
-    timeout: float,
-) -> Row | None:
-    """Through the queue's own cancel: the rule for ending a job lives there. None when
-    there is no such job, or it had already finished."""
-    before = await inspector.job(job_id, timeout=timeout)
-    if before is None:
-        return None
-    if not await queue.cancel(job_id, timeout=timeout):
-        return None
-    after = await inspector.job(job_id, timeout=timeout)
-    await inspector.audit(
-        actor=actor,
-        action="jobs.cancel",
-        subject=str(job_id),
-        reason=reason,
-        before={k: before[k] for k in ("state", "attempt", "fencing_token", "owner_id")},
-        after={k: after[k] for k in ("state", "attempt", "fencing_token")} if after else None,
-        timeout=timeout,
-    )
-    return after
-
-
-async def key_history(inspector: Inspector, *, tenant: str, key: str, timeout: float) -> list[Row]:
-    """The gateway's decisions on one key, oldest first."""
-    trace = await inspector.trace(key, tenant=tenant, timeout=timeout)
-    return [e for e in trace.events if e["source"] == "gateway" and e["key"] == key]
-
-
-def key_fields(record: KeyRecord) -> dict[str, object]:
-    """A key as the operator reads it, and as its audit records keep it."""
-    lease_left = (
-        round(record.locked_until - record.now, 3)
-        if record.state == "in_flight" and record.locked_until is not None
-        else None
-    )
-    return {
-        "tenant": record.tenant,
-        "key": record.key,
-        "state": record.state,
-        "outcome_unknown": record.unknown,
-        "owner": record.owner,
-        "attempt": record.attempt,
-        "entity": record.entity,
-        "fence": record.fence,
-        "fingerprint": record.fingerprint,
-        "lease_seconds_left": lease_left,
-        "reserved_at": when(record.reserved_at),
-        "created_at": when(record.created_at),
-        "completed_at": when(record.completed_at),
-        "expires_at": when(record.expires_at),
-        "response_status": record.response_status,
-    }
+__all__ = ["cancel_job", "key_fields", "key_history", "resolve_key", "retry_job", "stored_answer"]

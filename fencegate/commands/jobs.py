@@ -13,7 +13,6 @@ import argparse
 import re
 
 from fencegate.cli import CommandError
-from fencegate.commands.actions import cancel_job
 from fencegate.commands.migrate import run_on_store
 from fencegate.commands.output import (
     add_actor,
@@ -23,6 +22,7 @@ from fencegate.commands.output import (
     print_table,
 )
 from fencegate.lease import LeaseQueue
+from fencegate.operator_actions import cancel_job, retry_job
 from fencegate.store.inspect import JOB_STATES, Inspector, Page, Row
 
 _LIST = ("id", "kind", "state", "attempt", "max_attempts", "fencing_token", "owner_id",
@@ -78,12 +78,8 @@ async def _with_inspector(args: argparse.Namespace) -> Page | Row | int | None:
             )  # fmt: skip
         if args.action == "show":
             return await inspector.job(args.job_id, timeout=args.timeout)
-        if args.action == "retry":
-            return await inspector.retry_job(
-                args.job_id, actor=actor, reason=args.reason, timeout=args.timeout
-            )
-        if args.action == "cancel":
-            return await _cancel(args, inspector, actor)
+        if args.action in ("retry", "cancel"):
+            return await _act(args, inspector, actor)
         return await inspector.purge_jobs(
             older_than_seconds=duration(args.older_than), actor=actor, timeout=args.timeout
         )
@@ -91,9 +87,10 @@ async def _with_inspector(args: argparse.Namespace) -> Page | Row | int | None:
         await inspector.close()
 
 
-async def _cancel(args: argparse.Namespace, inspector: Inspector, actor: str) -> Row | None:
+async def _act(args: argparse.Namespace, inspector: Inspector, actor: str) -> Row | None:
+    action = retry_job if args.action == "retry" else cancel_job
     async with await LeaseQueue.connect(args.database_url) as queue:
-        return await cancel_job(
+        return await action(
             queue, inspector, args.job_id, actor=actor, reason=args.reason, timeout=args.timeout
         )
 

@@ -16,7 +16,6 @@ import shlex
 from pathlib import Path
 
 from fencegate.cli import CommandError
-from fencegate.commands.actions import key_fields, key_history, resolve_key, stored_answer
 from fencegate.commands.migrate import add_database_url, run_on_store
 from fencegate.commands.output import (
     add_actor,
@@ -25,6 +24,7 @@ from fencegate.commands.output import (
     print_json,
     print_table,
 )
+from fencegate.operator_actions import key_fields, key_history, resolve_key, stored_answer
 from fencegate.store import (
     KeyRecord,
     ResolveResult,

@@ -9,12 +9,12 @@ import os
 import socket
 import sys
 from collections.abc import Iterable, Sequence
-from datetime import UTC, datetime
 from typing import Any
 
 import orjson
 
 from fencegate.commands.migrate import add_database_url
+from fencegate.operator_actions import when
 
 # Columns whose values are epoch seconds.
 _TIMES = frozenset(
@@ -44,12 +44,6 @@ def add_actor(parser: argparse.ArgumentParser) -> None:
         help="who does it, for the audit record (default user@host)",
     )
     parser.add_argument("--reason", help="why, for the audit record")
-
-
-def when(value: Any) -> Any:
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return datetime.fromtimestamp(value, UTC).isoformat(timespec="milliseconds")
-    return value
 
 
 def readable(row: dict[str, Any]) -> dict[str, Any]:

@@ -9,15 +9,24 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 
-from fencegate.commands.actions import cancel_job, key_fields, resolve_key, stored_answer
-from fencegate.console.web import Problem, Viewer, console_of, read_form, redirect, render
+from fencegate.console.web import Viewer, console_of, read_form, redirect, render
+from fencegate.operator_actions import (
+    cancel_job,
+    key_fields,
+    resolve_key,
+    retry_job,
+    stored_answer,
+)
+from fencegate.problems import Problem
 from fencegate.store import ResolveResult, StoredResponse
 from fencegate.types import DEFAULT_TENANT
 
 
 def _require_operator(viewer: Viewer) -> None:
     if not viewer.token.can_act:
-        raise Problem(403, "Read-only token", f"{viewer.name} is a viewer: it cannot act")
+        raise Problem(
+            403, "read-only-token", "Read-only token", f"{viewer.name} is a viewer: it cannot act"
+        )
 
 
 def _reason(form: dict[str, str]) -> str | None:
@@ -30,15 +39,17 @@ async def resolve(request: Request, viewer: Viewer) -> Response:
     key = form.get("key", "")
     tenant = form.get("tenant") or viewer.tenant or DEFAULT_TENANT
     if not key:
-        raise Problem(400, "Which key?", "the form names no key")
+        raise Problem(400, "which-key", "Which key?", "the form names no key")
     if viewer.tenant is not None and tenant != viewer.tenant:
-        raise Problem(404, "No such key", f"no key {key!r} for tenant {tenant!r}")
+        raise Problem(404, "no-such-key", "No such key", f"no key {key!r} for tenant {tenant!r}")
     answer = _answer(form)
     console = console_of(request)
     if form.get("step") != "confirm":
         record = await (await console.store()).get_key(tenant, key, timeout=console.timeout)
         if record is None:
-            raise Problem(404, "No such key", f"no key {key!r} for tenant {tenant!r}")
+            raise Problem(
+                404, "no-such-key", "No such key", f"no key {key!r} for tenant {tenant!r}"
+            )
         context = {"form": form, "key": key_fields(record), "answer": answer,
                    "tenant": tenant, "body_text": form.get("body", "")}  # fmt: skip
         return render(request, "confirm_resolve.html", context, viewer=viewer, refresh=False)
@@ -47,11 +58,11 @@ async def resolve(request: Request, viewer: Viewer) -> Response:
         answer=answer, actor=viewer.actor, reason=_reason(form), timeout=console.timeout,
     )  # fmt: skip
     if result is ResolveResult.NOT_FOUND:
-        raise Problem(404, "No such key", f"no key {key!r} for tenant {tenant!r}")
+        raise Problem(404, "no-such-key", "No such key", f"no key {key!r} for tenant {tenant!r}")
     if result is ResolveResult.NOT_UNKNOWN:
         raise Problem(
-            409, "Key not unknown", f"key {key!r} is completed, or still in flight under a "
-            "live lease: left as it is",
+            409, "key-not-unknown", "Key not unknown",
+            f"key {key!r} is completed, or still in flight under a live lease: left as it is",
         )  # fmt: skip
     if result is ResolveResult.RELEASED:
         return redirect(request, "/keys", done=f"released {key}")
@@ -63,43 +74,57 @@ def _answer(form: dict[str, str]) -> StoredResponse | None:
     if mode == "release":
         return None
     if mode != "completed":
-        raise Problem(400, "Resolve how?", "choose: record an answer, or release the key")
+        raise Problem(
+            400, "resolve-how", "Resolve how?", "choose: record an answer, or release the key"
+        )
     try:
         status = int(form.get("status", ""))
     except ValueError:
-        raise Problem(400, "Status needed", "an answer needs an HTTP status, 100 to 599") from None
+        raise Problem(
+            400, "status-needed", "Status needed", "an answer needs an HTTP status, 100 to 599"
+        ) from None
     content_type = form.get("content_type", "").strip() or "application/json"
     try:
         return stored_answer(status, form.get("body", "").encode(), content_type)
     except ValueError as exc:
-        raise Problem(400, "Status needed", str(exc)) from None
+        raise Problem(400, "status-needed", "Status needed", str(exc)) from None
 
 
 async def job_action(request: Request, viewer: Viewer) -> Response:
     _require_operator(viewer)
     if not viewer.token.sees_jobs:
-        raise Problem(403, "Jobs are not shown to tenant tokens", "jobs carry no tenant")
+        raise Problem(
+            403, "jobs-not-shown", "Jobs are not shown to tenant tokens", "jobs carry no tenant"
+        )
     job_id = int(request.path_params["job_id"])
     action = request.path_params["action"]
     if action not in ("retry", "cancel"):
-        raise Problem(404, "No such action", f"jobs can be retried or cancelled, not {action!r}")
+        raise Problem(
+            404,
+            "no-such-action",
+            "No such action",
+            f"jobs can be retried or cancelled, not {action!r}",
+        )
     form = await read_form(request, viewer)
     console = console_of(request)
     inspector = await console.inspector()
     if form.get("step") != "confirm":
         job = await inspector.job(job_id)
         if job is None:
-            raise Problem(404, "No such job", f"there is no job {job_id}")
+            raise Problem(404, "no-such-job", "No such job", f"there is no job {job_id}")
         context = {"job": job, "action": action}
         return render(request, "confirm_job.html", context, viewer=viewer, refresh=False)
-    if action == "retry":
-        after = await inspector.retry_job(job_id, actor=viewer.actor, reason=_reason(form))
-    else:
-        after = await cancel_job(
-            await console.queue(), inspector, job_id, actor=viewer.actor, reason=_reason(form),
-            timeout=console.timeout,
-        )  # fmt: skip
+    act = retry_job if action == "retry" else cancel_job
+    after = await act(
+        await console.queue(), inspector, job_id, actor=viewer.actor, reason=_reason(form),
+        timeout=console.timeout,
+    )  # fmt: skip
     if after is None:
         which = "failed or cancelled" if action == "retry" else "queued or running"
-        raise Problem(409, f"Nothing to {action}", f"job {job_id} is not {which}: left as it is")
+        raise Problem(
+            409,
+            "nothing-to-do",
+            f"Nothing to {action}",
+            f"job {job_id} is not {which}: left as it is",
+        )
     return redirect(request, f"/jobs/{job_id}", done=action)

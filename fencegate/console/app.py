@@ -19,7 +19,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fencegate.console import actions, metrics, pages, signin
 from fencegate.console.auth import ConsoleToken, SessionSigner, TokenSet, load_tokens
-from fencegate.console.web import Console, Problem, problem_response, signed_in, templates
+from fencegate.console.web import Console, problem_response, signed_in, templates
+from fencegate.problems import Problem
 
 log = logging.getLogger("fencegate.console")
 
@@ -120,12 +121,15 @@ def create_console_app(
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
-    titles = {404: "Not found", 405: "Method not allowed"}
-    problem = Problem(exc.status_code, titles.get(exc.status_code, "Error"), str(exc.detail))
+    titles = {404: ("not-found", "Not found"), 405: ("method-not-allowed", "Method not allowed")}
+    kind, title = titles.get(exc.status_code, ("error", "Error"))
+    problem = Problem(exc.status_code, kind, title, str(exc.detail))
     return problem_response(request, problem)
 
 
 async def _server_error(request: Request, exc: Exception) -> Response:
     log.exception("console request failed: %s %s", request.method, request.url.path)
-    problem = Problem(500, "Console error", "the console failed on this request; see its log")
+    problem = Problem(
+        500, "console-error", "Console error", "the console failed on this request; see its log"
+    )
     return problem_response(request, problem)

@@ -28,11 +28,13 @@ from typing import Any
 
 import orjson
 
+from fencegate.errors import FencegateError
+
 ROLES = ("viewer", "operator")
 TOKENS_ENV = "FENCEGATE_CONSOLE_TOKENS"
 
 
-class TokenConfigError(ValueError):
+class TokenConfigError(FencegateError, ValueError):
     """The console's tokens are missing or malformed: it does not start."""
 
 

@@ -14,7 +14,8 @@ from prometheus_client.registry import Collector
 from starlette.requests import Request
 from starlette.responses import Response
 
-from fencegate.console.web import Problem, Viewer, console_of
+from fencegate.console.web import Viewer, console_of
+from fencegate.problems import Problem
 from fencegate.store.inspect import Row
 
 # (metric, help, column)
@@ -55,6 +56,11 @@ def render(rows: list[Row]) -> bytes:
 
 async def metrics(request: Request, viewer: Viewer) -> Response:
     if viewer.tenant is not None:
-        raise Problem(403, "Not for this token", "jobs carry no tenant: queue metrics are global")
+        raise Problem(
+            403,
+            "not-for-this-token",
+            "Not for this token",
+            "jobs carry no tenant: queue metrics are global",
+        )
     inspector = await console_of(request).inspector()
     return Response(render(await inspector.ownership()), media_type=CONTENT_TYPE_LATEST)

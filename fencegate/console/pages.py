@@ -6,8 +6,9 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 
-from fencegate.commands.actions import key_fields, key_history
-from fencegate.console.web import Problem, Viewer, console_of, render
+from fencegate.console.web import Viewer, console_of, render
+from fencegate.operator_actions import key_fields, key_history
+from fencegate.problems import Problem
 from fencegate.store.inspect import JOB_STATES, KEY_STATES
 from fencegate.types import DEFAULT_TENANT
 
@@ -25,7 +26,7 @@ def _param(request: Request, name: str) -> str | None:
 def _require_jobs(viewer: Viewer) -> None:
     if not viewer.token.sees_jobs:
         raise Problem(
-            403, "Jobs are not shown to tenant tokens",
+            403, "jobs-not-shown", "Jobs are not shown to tenant tokens",
             "jobs carry no tenant, so a token limited to one tenant does not see them",
         )  # fmt: skip
 
@@ -60,7 +61,7 @@ async def job(request: Request, viewer: Viewer) -> Response:
     inspector = await console.inspector()
     row = await inspector.job(job_id)
     if row is None:
-        raise Problem(404, "No such job", f"there is no job {job_id}")
+        raise Problem(404, "no-such-job", "No such job", f"there is no job {job_id}")
     payload = await inspector.job_payload(job_id) if console.show_payloads else None
     context = {"job": row, "payload": payload, "done": _param(request, "done")}
     return render(request, "job.html", context, viewer=viewer)
@@ -80,16 +81,16 @@ async def keys(request: Request, viewer: Viewer) -> Response:
 async def key(request: Request, viewer: Viewer) -> Response:
     name = _param(request, "key")
     if name is None:
-        raise Problem(400, "Which key?", "give ?key=… (and &tenant=…)")
+        raise Problem(400, "which-key", "Which key?", "give ?key=… (and &tenant=…)")
     tenant = _param(request, "tenant") or viewer.tenant or DEFAULT_TENANT
     if viewer.tenant is not None and tenant != viewer.tenant:
         # Not 403: another tenant's keys are not even said to exist.
-        raise Problem(404, "No such key", f"no key {name!r} for tenant {tenant!r}")
+        raise Problem(404, "no-such-key", "No such key", f"no key {name!r} for tenant {tenant!r}")
     console = console_of(request)
     store, inspector = await console.store(), await console.inspector()
     record = await store.get_key(tenant, name, timeout=console.timeout)
     if record is None:
-        raise Problem(404, "No such key", f"no key {name!r} for tenant {tenant!r}")
+        raise Problem(404, "no-such-key", "No such key", f"no key {name!r} for tenant {tenant!r}")
     history = await key_history(inspector, tenant=tenant, key=name, timeout=console.timeout)
     context = {"key": key_fields(record), "history": history, "done": _param(request, "done")}
     # The resolve form is on this page: a refresh must not wipe what the operator types.

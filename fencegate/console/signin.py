@@ -8,7 +8,6 @@ from starlette.responses import Response
 from fencegate.console.auth import Session
 from fencegate.console.web import (
     COOKIE,
-    Problem,
     base_path,
     console_of,
     identify,
@@ -19,6 +18,7 @@ from fencegate.console.web import (
     session_of,
     set_session,
 )
+from fencegate.problems import Problem
 
 
 def _next(value: str | None) -> str:

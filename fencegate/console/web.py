@@ -14,24 +14,17 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 import jinja2
 import orjson
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from fencegate.console.auth import ConsoleToken, Session, SessionSigner, TokenSet
 from fencegate.errors import StoreUnavailable
 from fencegate.lease import LeaseQueue
+from fencegate.problems import Problem
 from fencegate.store import GatewayStore, open_gateway_store
 from fencegate.store.inspect import Inspector
 
 COOKIE = "fencegate_console"
 MAX_FORM_BYTES = 256 * 1024  # a resolve form carries the answer's body; nothing else is big
-
-
-class Problem(Exception):
-    """An answer other than the page: shown as an HTML page or as problem+json."""
-
-    def __init__(self, status: int, title: str, detail: str = "") -> None:
-        super().__init__(detail or title)
-        self.status, self.title, self.detail = status, title, detail
 
 
 @dataclass
@@ -131,7 +124,9 @@ def identify(request: Request) -> Viewer | None:
         scheme, _, presented = authorization.partition(" ")
         token = console.tokens.match(presented.strip()) if scheme.lower() == "bearer" else None
         if token is None:
-            raise Problem(401, "Not signed in", "that bearer token is not a console token")
+            raise Problem(
+                401, "not-signed-in", "Not signed in", "that bearer token is not a console token"
+            )
         return Viewer(token, None)
     session = session_of(request)
     if session is None or session.name is None or session.token_tag is None:
@@ -162,14 +157,21 @@ async def read_form(request: Request, viewer: Viewer | None) -> dict[str, str]:
     check_origin(request)
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if kind != "application/x-www-form-urlencoded":
-        raise Problem(415, "Unsupported form", "post an application/x-www-form-urlencoded form")
+        raise Problem(
+            415,
+            "unsupported-form",
+            "Unsupported form",
+            "post an application/x-www-form-urlencoded form",
+        )
     body = await request.body()
     if len(body) > MAX_FORM_BYTES:
-        raise Problem(413, "Form too large", f"at most {MAX_FORM_BYTES} bytes")
+        raise Problem(413, "form-too-large", "Form too large", f"at most {MAX_FORM_BYTES} bytes")
     try:
         fields = parse_qs(body.decode("utf-8"), keep_blank_values=True, max_num_fields=50)
     except (UnicodeDecodeError, ValueError):
-        raise Problem(400, "Malformed form", "the form is not valid UTF-8 form data") from None
+        raise Problem(
+            400, "malformed-form", "Malformed form", "the form is not valid UTF-8 form data"
+        ) from None
     form = {name: values[0] for name, values in fields.items()}
     if viewer is not None and viewer.session is None:
         return form
@@ -177,8 +179,8 @@ async def read_form(request: Request, viewer: Viewer | None) -> dict[str, str]:
     presented = form.get("csrf", "")
     if session is None or not presented or not hmac.compare_digest(presented, session.csrf):
         raise Problem(
-            403, "Form expired or forged", "the form's CSRF token does not match this session: "
-            "open the page again and resubmit",
+            403, "form-expired-or-forged", "Form expired or forged",
+            "the form's CSRF token does not match this session: open the page again and resubmit",
         )  # fmt: skip
     return form
 
@@ -192,7 +194,12 @@ def check_origin(request: Request) -> None:
         if value is None:
             continue
         if value == "null" or urlsplit(value).netloc != host:
-            raise Problem(403, "Cross-origin form refused", f"{header} {value!r} is not {host}")
+            raise Problem(
+                403,
+                "cross-origin-form-refused",
+                "Cross-origin form refused",
+                f"{header} {value!r} is not {host}",
+            )
         return
     # Neither header: not a browser (browsers send Origin on every POST); the CSRF token
     # (or a bearer token) still decides.
@@ -203,13 +210,11 @@ def wants_html(request: Request) -> bool:
 
 
 def problem_response(request: Request, problem: Problem) -> Response:
+    """A problem as an HTML page for a browser, else as the gateway answers it (problem+json)."""
     if not wants_html(request):
-        return JSONResponse(
-            {"type": "about:blank", "title": problem.title, "status": problem.status,
-             "detail": problem.detail},
-            status_code=problem.status,
-            media_type="application/problem+json",
-        )  # fmt: skip
+        return Response(
+            problem.body(), status_code=problem.status, headers=dict(problem.response_headers())
+        )
     try:
         viewer = identify(request)
     except Problem:
@@ -259,14 +264,18 @@ def signed_in(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
                     return redirect(request, "/login", next=request.url.path[len(
                         base_path(request)):] + (f"?{request.url.query}" if request.url.query
                                                  else ""))  # fmt: skip
-                raise Problem(401, "Not signed in", "sign in, or send Authorization: Bearer")
+                raise Problem(
+                    401, "not-signed-in", "Not signed in", "sign in, or send Authorization: Bearer"
+                )
             return await handler(request, viewer)
         except Problem as problem:
             return problem_response(request, problem)
         except StoreUnavailable as exc:
-            return problem_response(request, Problem(503, "Store unavailable", str(exc)))
+            return problem_response(
+                request, Problem(503, "store-unavailable", "Store unavailable", str(exc))
+            )
         except ValueError as exc:
-            return problem_response(request, Problem(400, "Bad request", str(exc)))
+            return problem_response(request, Problem(400, "bad-request", "Bad request", str(exc)))
 
     return endpoint
 

@@ -7,6 +7,7 @@ import os
 import re
 import secrets
 
+from fencegate.errors import FencegateError
 from fencegate.gateway.engine import GatewayResponse, body_too_large
 from fencegate.gateway.target import Target
 from fencegate.types import IncomingRequest, Receive, Scope, Send
@@ -29,7 +30,7 @@ def _new_id_prefix() -> None:
 os.register_at_fork(after_in_child=_new_id_prefix)
 
 
-class ClientDisconnected(Exception):
+class ClientDisconnected(FencegateError):
     """The client went away before its request body arrived."""
 
 

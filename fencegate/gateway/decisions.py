@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from fencegate.gateway.problems import Problem
+from fencegate.problems import Problem
 from fencegate.types import DEFAULT_TENANT
 
 decision_logger = logging.getLogger("fencegate.decisions")

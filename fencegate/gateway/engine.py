@@ -25,7 +25,6 @@ from fencegate.gateway.decisions import DecisionTrace, decision_of
 from fencegate.gateway.fingerprint import request_fingerprint
 from fencegate.gateway.headers import NOT_REPLAYED
 from fencegate.gateway.metrics import GatewayMetrics
-from fencegate.gateway.problems import Problem
 from fencegate.gateway.recorder import OwedWrite, PendingWrites, Write
 from fencegate.gateway.routes import RoutePolicy, entity_missing
 from fencegate.gateway.upstream import (
@@ -34,6 +33,7 @@ from fencegate.gateway.upstream import (
     UpstreamRefused,
     UpstreamResponse,
 )
+from fencegate.problems import Problem
 from fencegate.store.base import (
     DecideRequest,
     Decision,

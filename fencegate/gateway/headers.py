@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from fencegate.gateway.problems import Problem
+from fencegate.problems import Problem
 
 IDEMPOTENCY_KEY = "idempotency-key"
 EXECUTION_FENCE = "x-execution-fence"

@@ -1,6 +1,6 @@
-"""`FenceGateMiddleware`: the gateway as pure ASGI middleware for in-process services.
+"""`FencegateMiddleware`: the gateway as pure ASGI middleware for in-process services.
 
-    app.add_middleware(FenceGateMiddleware, database_url="postgresql://…",
+    app.add_middleware(FencegateMiddleware, database_url="postgresql://…",
                        routes=[RoutePolicy(prefix="/invoices", fence_required=True)])
 
 Requests whose method a route guards are buffered, checked and, when allowed, passed to the
@@ -23,16 +23,16 @@ from fencegate.gateway.pipeline import (
     start_trace,
     unroutable_policy,
 )
-from fencegate.gateway.problems import Problem
 from fencegate.gateway.routes import RoutePolicy, RouteTable
 from fencegate.gateway.upstream import AppUpstream
+from fencegate.problems import Problem
 from fencegate.store import GatewayStore, open_gateway_store
 from fencegate.types import ASGIApp, Authenticator, Message, Receive, Scope, Send
 
 logger = logging.getLogger("fencegate.gateway")
 
 
-class FenceGateMiddleware:
+class FencegateMiddleware:
     def __init__(
         self,
         app: ASGIApp,
@@ -134,3 +134,7 @@ class FenceGateMiddleware:
             return message
 
         await self.app(scope, wrapped_receive, send)
+
+
+# The name as it was first spelled, kept for existing imports.
+FenceGateMiddleware = FencegateMiddleware

@@ -22,11 +22,11 @@ from fencegate.gateway.asgi import (
 from fencegate.gateway.decisions import DecisionTrace, log_decision
 from fencegate.gateway.engine import Engine, GatewayResponse, problem_response, store_unavailable
 from fencegate.gateway.metrics import GatewayMetrics
-from fencegate.gateway.problems import Problem
 from fencegate.gateway.routes import RoutePolicy, RouteTable
 from fencegate.gateway.stripe_errors import stripe_error
 from fencegate.gateway.target import Target, invalid_target, scope_target
 from fencegate.gateway.upstream import Upstream, UpstreamResponse
+from fencegate.problems import Problem
 from fencegate.types import (
     DEFAULT_TENANT,
     Authenticator,

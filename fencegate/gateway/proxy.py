@@ -9,7 +9,7 @@ from fencegate.gateway.health import StoreHealth
 from fencegate.gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from fencegate.gateway.metrics import GatewayMetrics
 from fencegate.gateway.pipeline import Pipeline
-from fencegate.gateway.problems import Problem
+from fencegate.problems import Problem
 from fencegate.types import Receive, Scope, Send
 
 logger = logging.getLogger("fencegate.gateway")

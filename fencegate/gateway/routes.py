@@ -12,7 +12,7 @@ import orjson
 from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
-from fencegate.gateway.problems import Problem
+from fencegate.problems import Problem
 
 DEFAULT_KEY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from fencegate.gateway.problems import Problem
+from fencegate.problems import Problem
 
 
 class StripeError(NamedTuple):

@@ -16,7 +16,7 @@ import string
 from dataclasses import dataclass
 from urllib.parse import quote
 
-from fencegate.gateway.problems import Problem
+from fencegate.problems import Problem
 from fencegate.types import Scope
 
 # RFC 3986 pchar (unreserved, sub-delims, ":" and "@"), "/" and "%" for escapes.

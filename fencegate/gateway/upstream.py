@@ -5,7 +5,7 @@ The engine treats the two ways an upstream call fails differently: nothing was s
 lost) → outcome unknown, 504.
 
 - `HttpUpstream`: an HTTP API, over one pooled aiohttp session (`fencegate serve`);
-- `AppUpstream`: the ASGI app `FenceGateMiddleware` wraps, called in-process.
+- `AppUpstream`: the ASGI app `FencegateMiddleware` wraps, called in-process.
 """
 
 from __future__ import annotations

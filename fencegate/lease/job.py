@@ -10,6 +10,7 @@ import inspect
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from fencegate.errors import FencegateError
 from fencegate.lease.events import EventLog, digest
 from fencegate.lease.execution import Execution, OwnershipLost, OwnershipUnknown
 
@@ -37,7 +38,7 @@ class StageStore(Protocol):
     ) -> bool: ...
 
 
-class StageTimeout(TimeoutError):
+class StageTimeout(FencegateError, TimeoutError):
     """A stage ran longer than its work class allows (the lease may be perfectly fine)."""
 
 

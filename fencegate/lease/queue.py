@@ -357,6 +357,15 @@ class LeaseQueue:
             raise JobNotFound(f"no job with id {job_id}")
         return cancelled
 
+    async def retry(self, job_id: int, *, timeout: float = DEFAULT_TIMEOUT) -> bool:
+        """Queue a failed or cancelled job again now, with one more attempt than it has had
+        (its attempts and stages kept). False when the job is not failed or cancelled;
+        `JobNotFound` when there is no such job."""
+        retried = await self._driver.retry(job_id, timeout=timeout)
+        if retried is None:
+            raise JobNotFound(f"no job with id {job_id}")
+        return retried
+
     # -- reading --------------------------------------------------------------------------
 
     async def get(self, job_id: int, *, timeout: float = DEFAULT_TIMEOUT) -> Job:

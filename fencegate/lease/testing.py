@@ -29,6 +29,7 @@ _CALLS = frozenset(
         "fail",
         "release",
         "cancel",
+        "retry",
         "get",
         "attempts",
         "now",

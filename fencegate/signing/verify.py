@@ -22,7 +22,7 @@ from http_message_signatures import (
     algorithms,
 )
 
-from fencegate.gateway.problems import Problem
+from fencegate.problems import Problem
 from fencegate.signing.keys import KeyRing, VerificationKey
 from fencegate.signing.message import from_incoming
 from fencegate.signing.sign import BASE_COMPONENTS, FENCE_HEADERS

@@ -6,17 +6,17 @@ overview (queue depth, running leases, reclaimed leases, unknown outcomes, the 4
 the trace of an entity or a key: gateway decisions joined with the job attempts whose fencing
 tokens they carried — who sent which request, with which token, and which one was fenced off.
 
-Actions (retry, cancel, purge jobs; resolve a key) are written to ``fencegate_audit`` with who
-did it, why, and the state before and after. Nothing here returns payloads, results or
-stored answers: ids, tokens, owners, times, states and outcomes. The one exception is
-``job_payload``, which only a console started with ``--show-payloads`` calls.
+Actions (purging jobs; the audit records of `fencegate.operator_actions`) are written to
+``fencegate_audit`` with who did it, why, and the state before and after. Nothing here
+returns payloads, results or stored answers: ids, tokens, owners, times, states and
+outcomes. The one exception is ``job_payload``, which only a console started with
+``--show-payloads`` calls.
 """
 
 from __future__ import annotations
 
 import hashlib
 import sqlite3
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -100,31 +100,6 @@ class Inspector:
             raise StoreUnavailable(f"no answer within {timeout}s") from exc
         except Exception as exc:
             raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from exc
-
-    async def _write(self, steps: Sequence[tuple[str, tuple[Any, ...]]], *, timeout: float) -> int:
-        """Run statements in one transaction; the number of rows the first one returned."""
-        sqls = [(getattr(self._q, name), args) for name, args in steps]
-        if isinstance(self._db, PgDatabase):
-
-            async def write(conn: asyncpg.Connection) -> int:
-                async with conn.transaction():
-                    first = await conn.fetch(sqls[0][0], *sqls[0][1])
-                    if first:
-                        for sql, args in sqls[1:]:
-                            await conn.execute(sql, *args)
-                    return len(first)
-
-            return int(await self._db.run(write, timeout=timeout))
-
-        def write_lite(conn: sqlite3.Connection) -> int:
-            with write_transaction(conn):
-                first = conn.execute(sqls[0][0], sqls[0][1]).fetchall()
-                if first:
-                    for sql, args in sqls[1:]:
-                        conn.execute(sql, args)
-                return len(first)
-
-        return int(await self._sqlite(write_lite, timeout=timeout))
 
     def _json(self, value: Any) -> Any:
         return orjson.dumps(value).decode() if value is not None else None
@@ -310,20 +285,6 @@ class Inspector:
         args = (actor, action, tenant, subject, reason, self._json(before), self._json(after))
         await self._execute("audit", *args, timeout=timeout)
 
-    async def retry_job(
-        self, job_id: int, *, actor: str, reason: str | None = None, timeout: float = 10.0
-    ) -> Row | None:
-        """A failed or cancelled job gets one more attempt; None if it is not one."""
-        before = await self._rows("job", job_id, timeout=timeout)
-        if not before:
-            return None
-        summary = _job_summary(before[0])
-        after = {**summary, "state": "queued"}
-        args = (actor, "jobs.retry", None, str(job_id), reason, self._json(summary),
-                self._json(after))  # fmt: skip
-        done = await self._write([("job_retry", (job_id,)), ("audit", args)], timeout=timeout)
-        return after if done else None
-
     async def purge_jobs(
         self,
         *,
@@ -377,10 +338,6 @@ def _job_of(subject: str) -> int | None:
     """``job:<id>`` is the entity the fenced clients send by default."""
     prefix, _, rest = subject.partition(":")
     return int(rest) if prefix == "job" and rest.isdigit() else None
-
-
-def _job_summary(job: Row) -> Row:
-    return {k: job[k] for k in ("id", "kind", "state", "attempt", "max_attempts", "fencing_token")}
 
 
 def _error_summary(error: Any) -> Row | None:

@@ -18,12 +18,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
-from fencegate.errors import StoreUnavailable
+from fencegate.errors import FencegateError, StoreUnavailable
 
 T = TypeVar("T")
 
 
-class CallerGaveUp(Exception):
+class CallerGaveUp(FencegateError):
     """The caller's deadline passed before the work could start (or take the write lock)."""
 
 

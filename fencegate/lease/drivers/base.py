@@ -169,6 +169,11 @@ class Driver(abc.ABC):
         """True when cancelled, False when already finished, None when there is no such job."""
 
     @abc.abstractmethod
+    async def retry(self, job_id: int, *, timeout: float) -> bool | None:
+        """Queue a failed or cancelled job again, with one more attempt: True when done, False
+        when it is not failed or cancelled, None when there is no such job."""
+
+    @abc.abstractmethod
     async def commit_stage_many(
         self, items: Sequence[tuple[Lease, str, str, Any]], *, timeout: float
     ) -> list[bool]:

@@ -325,6 +325,13 @@ class PostgresDriver(Driver):
             return None
         return bool(row["cancelled"])
 
+    async def retry(self, job_id: int, *, timeout: float) -> bool | None:
+        row = await self._run(lambda conn: conn.fetchrow(Q.lease_retry, job_id), timeout=timeout)
+        assert row is not None
+        if not row["found"]:
+            return None
+        return bool(row["retried"])
+
     async def commit_stage_many(
         self, items: Sequence[tuple[Lease, str, str, Any]], *, timeout: float
     ) -> list[bool]:

@@ -169,6 +169,16 @@ def _cancel(conn: sqlite3.Connection, job_id: int, encoded: str | None) -> bool 
     return True
 
 
+def _retry(conn: sqlite3.Connection, job_id: int) -> bool | None:
+    target = conn.execute(Q.lease_cancel_target, {"id": job_id}).fetchone()
+    if target is None:
+        return None
+    if target["state"] not in ("failed", "cancelled"):
+        return False
+    conn.execute(Q.lease_retry, {"id": job_id, "now": _now(conn)})
+    return True
+
+
 class SQLiteDriver(Driver):
     queries = Q
     decoding = DECODING
@@ -307,6 +317,9 @@ class SQLiteDriver(Driver):
         return await self._run(
             lambda conn: _cancel(conn, job_id, encoded), timeout=timeout, write=True
         )
+
+    async def retry(self, job_id: int, *, timeout: float) -> bool | None:
+        return await self._run(lambda conn: _retry(conn, job_id), timeout=timeout, write=True)
 
     async def commit_stage_many(
         self, items: Sequence[tuple[Lease, str, str, Any]], *, timeout: float

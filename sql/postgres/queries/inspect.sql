@@ -108,14 +108,6 @@ SELECT decision, count(*)::bigint AS decisions FROM fencegate_decisions
 WHERE ($1::text IS NULL OR tenant = $1) AND at > now() - make_interval(secs => $2)
 GROUP BY decision ORDER BY decision;
 
--- name: job_retry
--- A failed or cancelled job gets one more attempt: queued now, its history kept.
-UPDATE fencegate_jobs
-SET state = 'queued', run_after = now(), owner_id = NULL, lease_until = NULL,
-    max_attempts = greatest(max_attempts, attempt + 1), error = NULL, updated_at = now()
-WHERE id = $1 AND state IN ('failed', 'cancelled')
-RETURNING id;
-
 -- name: jobs_purge
 -- Finished jobs older than the cut-off, with their attempts and stages (ON DELETE CASCADE).
 DELETE FROM fencegate_jobs WHERE id = ANY(ARRAY(

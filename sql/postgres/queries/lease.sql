@@ -359,6 +359,23 @@ closed AS (
 )
 SELECT (SELECT count(*) FROM target) AS found, (SELECT count(*) FROM cancelled) AS cancelled;
 
+-- name: lease_retry
+-- An operator's retry of a failed or cancelled job: queued now with one more attempt, its
+-- history kept. found = 0: no such job; retried = 0: it is not failed or cancelled.
+WITH target AS (
+    SELECT id, state FROM fencegate_jobs WHERE id = $1 FOR UPDATE
+),
+retried AS (
+    UPDATE fencegate_jobs AS j
+       SET state = 'queued', run_after = now(), owner_id = NULL, lease_until = NULL,
+           max_attempts = greatest(j.max_attempts, j.attempt + 1), error = NULL,
+           updated_at = now()
+      FROM target AS t
+     WHERE j.id = t.id AND t.state IN ('failed', 'cancelled')
+    RETURNING j.id
+)
+SELECT (SELECT count(*) FROM target) AS found, (SELECT count(*) FROM retried) AS retried;
+
 -- name: lease_get_job
 SELECT id, kind, state, owner_id, lease_until, fencing_token, heartbeat_at, attempt,
        max_attempts, run_after, idempotency_key, payload, result, error, lease_seconds,

@@ -87,14 +87,6 @@ SELECT decision, count(*) AS decisions FROM fencegate_decisions
 WHERE (?1 IS NULL OR tenant = ?1) AND at > (julianday('now') - 2440587.5) * 86400.0 - ?2
 GROUP BY decision ORDER BY decision;
 
--- name: job_retry
-UPDATE fencegate_jobs
-SET state = 'queued', run_after = (julianday('now') - 2440587.5) * 86400.0, owner_id = NULL,
-    lease_until = NULL, max_attempts = max(max_attempts, attempt + 1), error = NULL,
-    updated_at = (julianday('now') - 2440587.5) * 86400.0
-WHERE id = ?1 AND state IN ('failed', 'cancelled')
-RETURNING id;
-
 -- name: jobs_purge
 DELETE FROM fencegate_jobs WHERE id IN (
     SELECT id FROM fencegate_jobs

@@ -123,6 +123,14 @@ UPDATE fencegate_jobs
    SET state = 'cancelled', lease_until = NULL, error = :error, updated_at = :now
  WHERE id = :id;
 
+-- name: lease_retry
+-- An operator's retry of a failed or cancelled job (the driver reads its state first, in the
+-- same transaction): queued now with one more attempt, its history kept.
+UPDATE fencegate_jobs
+   SET state = 'queued', run_after = :now, owner_id = NULL, lease_until = NULL,
+       max_attempts = max(max_attempts, attempt + 1), error = NULL, updated_at = :now
+ WHERE id = :id AND state IN ('failed', 'cancelled');
+
 -- name: lease_get_job
 SELECT id, kind, state, owner_id, lease_until, fencing_token, heartbeat_at, attempt,
        max_attempts, run_after, idempotency_key, payload, result, error, lease_seconds,

@@ -1,0 +1,73 @@
+"""The names a user imports keep working: every ``from fencegate… import …`` in the README's
+code, the old spellings kept as aliases, and one error root under every public exception."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import pkgutil
+import re
+from pathlib import Path
+
+import fencegate
+from fencegate import FencegateError
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def readme_imports() -> list[tuple[str, str]]:
+    """(module, name) for every name the README's Python blocks import from fencegate."""
+    names: list[tuple[str, str]] = []
+    for block in re.findall(r"```python\n(.*?)```", README.read_text(), re.S):
+        for line in block.splitlines():
+            if not line.startswith("from fencegate"):
+                continue
+            node = ast.parse(line).body[0]
+            assert isinstance(node, ast.ImportFrom) and node.module is not None
+            names.extend((node.module, alias.name) for alias in node.names)
+    return names
+
+
+def test_every_name_the_readme_imports_exists() -> None:
+    names = readme_imports()
+    assert ("fencegate", "FencegateMiddleware") in names  # the README's middleware example
+    for module, name in names:
+        assert hasattr(importlib.import_module(module), name), f"from {module} import {name}"
+
+
+def test_old_spellings_are_the_same_objects() -> None:
+    from fencegate.commands import actions as old_actions
+    from fencegate.gateway.problems import Problem as GatewayProblem
+    from fencegate.problems import Problem
+
+    assert fencegate.FenceGateMiddleware is fencegate.FencegateMiddleware
+    assert GatewayProblem is Problem
+    import fencegate.operator_actions as operator_actions
+
+    for name in old_actions.__all__:
+        assert getattr(old_actions, name) is getattr(operator_actions, name)
+
+
+def _modules() -> list[str]:
+    return [
+        info.name
+        for info in pkgutil.walk_packages(fencegate.__path__, "fencegate.")
+        if not info.name.endswith("__main__")
+    ]
+
+
+def test_every_public_exception_is_under_the_one_root() -> None:
+    strays = []
+    for module_name in _modules():
+        module = importlib.import_module(module_name)
+        for name, value in vars(module).items():
+            if (
+                inspect.isclass(value)
+                and issubclass(value, BaseException)
+                and value.__module__.startswith("fencegate")
+                and not name.startswith("_")
+                and not issubclass(value, FencegateError)
+            ):
+                strays.append(f"{value.__module__}.{name}")
+    assert strays == []
