@@ -12,3 +12,17 @@ class StoreUnavailable(FencegateError):
     """The store did not answer in time, could not be reached, or failed in any other way (a
     driver, protocol or schema error). The gateway fails closed (503); a worker treats its
     ownership as unknown, not lost."""
+
+    # Whether the call may have reached the store, and so may still take effect there after
+    # its caller stopped waiting (False: it failed before it was sent).
+    reached_store: bool = True
+
+
+def unsent(error: StoreUnavailable) -> StoreUnavailable:
+    """``error``, marked as raised before the call was sent."""
+    error.reached_store = False
+    return error
+
+
+class StoreTimedOut(StoreUnavailable):
+    """The store did not answer within the caller's timeout (which the message names)."""

@@ -146,6 +146,13 @@ class GatewayStore(Protocol):
         """Delete the reservation (nothing was sent, or a 5xx the route does not store)."""
         ...
 
+    async def release_abandoned(self, reservation: Reservation, *, timeout: float) -> bool:
+        """Delete an in-flight reservation held by ``reservation.owner``, whatever its
+        attempt: what a decision the gateway gave up on (503) may have left behind, since
+        its statement can still commit after the caller stopped waiting. False when there
+        is none."""
+        ...
+
     async def mark_unknown(self, reservation: Reservation, *, timeout: float) -> bool: ...
 
     async def renew(

@@ -13,7 +13,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
 
-from fencegate.store.base import StoreUnavailable
+from fencegate.errors import StoreTimedOut, unsent
 
 I = TypeVar("I")  # noqa: E741
 R = TypeVar("R")
@@ -27,23 +27,29 @@ class _Call(Generic[I, R]):
     """One submitted call. Compared by identity: finding it among the queued calls must not
     compare the items themselves (dataclasses, compared field by field)."""
 
-    __slots__ = ("deadline", "future", "item", "taken")
+    __slots__ = ("deadline", "future", "item", "taken", "timeout")
     item: I
+    timeout: float
     deadline: float
     future: asyncio.Future[R]
     taken: bool
 
-    def __init__(self, item: I, deadline: float, future: asyncio.Future[R]) -> None:
+    def __init__(self, item: I, timeout: float, future: asyncio.Future[R]) -> None:
         self.item = item
-        self.deadline = deadline
+        self.timeout = timeout
+        self.deadline = time.monotonic() + timeout
         self.future = future
         self.taken = False  # off the queue: sent in a batch, or failed unsent
+
+    def timed_out(self, where: str = "") -> StoreTimedOut:
+        # The caller's own timeout, not the time its batch had left when it was sent.
+        return StoreTimedOut(f"no answer within {self.timeout:g}s{where}")
 
     def give_up(self) -> None:
         """Off the queue, unsent: its caller's deadline has passed."""
         self.taken = True
         if not self.future.done():
-            self.future.set_exception(StoreUnavailable("no answer in time (queued)"))
+            self.future.set_exception(unsent(self.timed_out(" (queued behind earlier calls)")))
 
 
 class Batcher(Generic[I, R]):
@@ -67,7 +73,7 @@ class Batcher(Generic[I, R]):
         the earliest deadline in it, so by this call's own."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[R] = loop.create_future()
-        call = _Call(item, time.monotonic() + timeout, future)
+        call = _Call(item, timeout, future)
         self._pending.append(call)
         if len(self._in_flight) < self._max_in_flight:
             self._start()
@@ -138,7 +144,9 @@ class Batcher(Generic[I, R]):
         except BaseException as exc:
             for call in batch:
                 if not call.future.done():
-                    call.future.set_exception(exc)
+                    call.future.set_exception(
+                        call.timed_out() if isinstance(exc, StoreTimedOut) else exc
+                    )
             if not isinstance(exc, Exception):
                 raise
             return

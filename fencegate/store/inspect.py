@@ -23,7 +23,7 @@ from typing import Any
 import asyncpg
 import orjson
 
-from fencegate.errors import StoreUnavailable
+from fencegate.errors import StoreTimedOut, StoreUnavailable
 from fencegate.store.dburl import DatabaseURL, parse_database_url
 from fencegate.store.pg import PgDatabase
 from fencegate.store.queries import Queries
@@ -97,7 +97,7 @@ class Inspector:
         try:
             return await self._db.run(fn, timeout=timeout)
         except TimeoutError as exc:
-            raise StoreUnavailable(f"no answer within {timeout}s") from exc
+            raise StoreTimedOut(f"no answer within {timeout:g}s") from exc
         except Exception as exc:
             raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from exc
 

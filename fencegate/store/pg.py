@@ -17,7 +17,7 @@ from typing import Any, TypeVar, cast
 
 import asyncpg
 
-from fencegate.errors import StoreUnavailable
+from fencegate.errors import StoreTimedOut, StoreUnavailable, unsent
 from fencegate.store.dburl import DatabaseURL
 
 T = TypeVar("T")
@@ -28,7 +28,7 @@ def unavailable(exc: BaseException, timeout: float) -> StoreUnavailable:
     record. A driver's protocol error (asyncpg's ``InternalClientError``), a missing schema
     and a dropped database included."""
     if isinstance(exc, TimeoutError):
-        return StoreUnavailable(f"no answer within {timeout}s")
+        return StoreTimedOut(f"no answer within {timeout:g}s")
     return StoreUnavailable(f"{type(exc).__name__}: {exc}")
 
 
@@ -77,7 +77,14 @@ class PgDatabase:
         lookup by key: PostgreSQL then plans each prepared statement once. Statements with
         optional filters (``$1 IS NULL OR col = $1``, the operator's reads) need the default,
         a plan for the values given."""
-        settings = {"jit": "off", "application_name": application_name}
+        settings = {
+            "jit": "off",
+            "application_name": application_name,
+            # A statement whose caller gave up is abandoned by closing its connection (see
+            # `run`); the server then stops it at its next check rather than finish it (and
+            # commit it) once the lock it waits for is free.
+            "client_connection_check_interval": "100ms",
+        }
         if generic_plans:
             settings["plan_cache_mode"] = "force_generic_plan"
         if target.schema is not None:
@@ -141,7 +148,7 @@ class PgDatabase:
             async with asyncio.timeout_at(loop_deadline):
                 conn = await self.pool.acquire()
         except Exception as exc:
-            raise unavailable(exc, timeout) from exc
+            raise unsent(unavailable(exc, timeout)) from exc
         try:
             async with asyncio.timeout_at(loop_deadline):
                 # A pooled connection is a proxy with the connection's whole interface.

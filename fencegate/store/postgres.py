@@ -9,6 +9,7 @@ and the error rule are `PgDatabase`'s.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -104,6 +105,12 @@ def step_arguments(
     )
 
 
+def server_budget_ms(remaining: float) -> float:
+    """The part of a caller's remaining time the server may use, in milliseconds: it stops a
+    little before the caller does (as the SQLite store's thread does)."""
+    return max(remaining - min(0.2, remaining * 0.2), 0.001) * 1000.0
+
+
 class PostgresGatewayStore:
     kind: Literal["postgresql", "sqlite"] = "postgresql"
 
@@ -160,7 +167,15 @@ class PostgresGatewayStore:
         """One round trip for every decision and recorded answer that queued up."""
         decides, records = split_steps(items)
         args = step_arguments(decides, records, history=self.history)
-        rows = await self._db.run(lambda conn: conn.fetch(Q.step, *args), timeout=timeout)
+        deadline = time.monotonic() + timeout
+
+        def fetch(conn: asyncpg.Connection) -> Any:
+            # Measured once a connection is in hand: the server gets what is left of the
+            # caller's time, less a margin for the answer's way back, and rolls the step back
+            # rather than commit after the caller gave up.
+            return conn.fetch(Q.step, *args, server_budget_ms(deadline - time.monotonic()))
+
+        rows = await self._db.run(fetch, timeout=timeout)
         decisions: dict[int, Decision] = {}
         recorded: dict[int, bool] = {}
         for row in rows:
@@ -192,6 +207,11 @@ class PostgresGatewayStore:
         r = reservation
         args = (r.tenant, r.key, r.owner, r.attempt, r.request_id, upstream_status, self.history)
         return await self._count(Q.release, *args, timeout=timeout) > 0
+
+    async def release_abandoned(self, reservation: Reservation, *, timeout: float) -> bool:
+        r = reservation
+        args = (r.tenant, r.key, r.owner, r.request_id, self.history)
+        return await self._count(Q.release_abandoned, *args, timeout=timeout) > 0
 
     async def mark_unknown(self, reservation: Reservation, *, timeout: float) -> bool:
         r = reservation

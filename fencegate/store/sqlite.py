@@ -20,7 +20,7 @@ from typing import Any, Literal, TypeVar
 
 import orjson
 
-from fencegate.errors import StoreUnavailable
+from fencegate.errors import StoreTimedOut, StoreUnavailable
 from fencegate.store.base import (
     DEFAULT_FENCE_TTL_SECONDS,
     DecideRequest,
@@ -87,7 +87,8 @@ class History:
             entity=key_row["entity"],
             key=reservation.key,
             fence=key_row["fence"],
-            attempt=reservation.attempt,
+            # A reservation released by its owner alone names no attempt: the row does.
+            attempt=key_row["attempt"] if "attempt" in key_row.keys() else reservation.attempt,
             owner=reservation.owner,
             request_id=reservation.request_id,
             upstream_status=upstream_status,
@@ -290,7 +291,7 @@ class SQLiteGatewayStore:
         try:
             return await self._db.run(fn, timeout=timeout)
         except (TimeoutError, _CallerGaveUp) as exc:
-            raise StoreUnavailable(f"no answer within {timeout}s") from exc
+            raise StoreTimedOut(f"no answer within {timeout:g}s") from exc
         except Exception as exc:
             # Any failure at the store boundary (a locked or missing file, a missing table, a
             # closed executor) means the store could not decide: the gateway fails closed.
@@ -356,6 +357,10 @@ class SQLiteGatewayStore:
             history=self.history,
             upstream_status=upstream_status,
         )
+        return await self._run(write, timeout=timeout)
+
+    async def release_abandoned(self, reservation: Reservation, *, timeout: float) -> bool:
+        write = _conditional(Q.release_abandoned, "released", reservation, history=self.history)
         return await self._run(write, timeout=timeout)
 
     async def mark_unknown(self, reservation: Reservation, *, timeout: float) -> bool:

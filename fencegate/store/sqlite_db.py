@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
-from fencegate.errors import FencegateError, StoreUnavailable
+from fencegate.errors import FencegateError, StoreTimedOut, StoreUnavailable
 
 T = TypeVar("T")
 
@@ -89,7 +89,7 @@ class SQLiteDatabase:
         try:
             return await self.run(bounded, timeout=timeout)
         except (TimeoutError, CallerGaveUp) as exc:
-            raise StoreUnavailable(f"SQLite did not answer within {timeout:g}s") from exc
+            raise StoreTimedOut(f"SQLite did not answer within {timeout:g}s") from exc
         except Exception as exc:
             raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from exc
 

@@ -8,6 +8,7 @@ from dataclasses import replace
 import asyncpg
 import pytest
 
+from fencegate.errors import StoreUnavailable
 from fencegate.store import (
     DecideRequest,
     GatewayStore,
@@ -358,7 +359,7 @@ async def commit_mode_after_step(
     try:
         async with conn.transaction():
             args = step_arguments(*split_steps(items), history=True)
-            await conn.fetch(PG_QUERIES.step, *args)
+            await conn.fetch(PG_QUERIES.step, *args, None)  # no deadline
             mode = await conn.fetchval("SELECT current_setting('synchronous_commit')")
     finally:
         await conn.close()
@@ -406,3 +407,108 @@ async def test_only_the_gateway_store_plans_its_statements_once(pg_url: str) -> 
         await inspector.close()
         await store.close()
     assert modes == ["force_generic_plan", "auto"]
+
+
+async def hold_fence_row(url: str, tenant: str, entity: str) -> asyncpg.Connection:
+    """A connection in an open transaction holding ``entity``'s fence row lock, as a stalled
+    writer would."""
+    conn = await asyncpg.connect(url)
+    await conn.execute("BEGIN")
+    await conn.execute(
+        "SELECT 1 FROM fencegate_fences WHERE tenant = $1 AND entity = $2 FOR UPDATE",
+        tenant,
+        entity,
+    )
+    return conn
+
+
+async def test_a_step_past_its_deadline_rolls_back_instead_of_committing(pg_url: str) -> None:
+    """The server checks the caller's remaining time before it lets a step commit."""
+    store = await open_gateway_store(pg_url)
+    await store.close()  # migrated and reachable
+    conn = await asyncpg.connect(pg_url)
+    try:
+        args = step_arguments(*split_steps([BASE]), history=True)
+        with pytest.raises(asyncpg.QueryCanceledError, match="deadline passed"):
+            await conn.fetch(PG_QUERIES.step, *args, 0.001)  # a microsecond to spend
+        assert await conn.fetchval("SELECT count(*) FROM fencegate_idempotency_keys") == 0
+    finally:
+        await conn.close()
+
+
+async def test_a_decision_stalled_past_its_timeout_leaves_no_reservation(pg_url: str) -> None:
+    """Another transaction holds the entity's fence row past the store timeout: the decision
+    fails (503 to the client), and once the row is free nothing of it commits late."""
+    store = await open_gateway_store(pg_url)
+    fenced = replace(BASE, entity="acct-1", fence=1)
+    try:
+        first = await store.decide(replace(fenced, key="first"), timeout=T)
+        assert first.outcome is Outcome.RESERVED
+        lock = await hold_fence_row(pg_url, "t1", "acct-1")
+        try:
+            with pytest.raises(StoreUnavailable):
+                await store.decide(fenced, timeout=1.0)
+        finally:
+            await lock.execute("COMMIT")
+            await lock.close()
+
+        async def stalled_step_ended() -> bool:
+            return await store_busy(pg_url) == 0
+
+        await wait_until(stalled_step_ended, timeout=T, what="the stalled step to end")
+        assert await store.get_key("t1", "k", timeout=T) is None
+    finally:
+        await store.close()
+
+
+async def store_busy(url: str) -> int:
+    conn = await asyncpg.connect(url)
+    try:
+        return int(
+            await conn.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND application_name = 'fencegate-gateway' AND state = 'active'"
+            )
+        )
+    finally:
+        await conn.close()
+
+
+async def test_a_lease_runs_from_when_the_reservation_is_written(pg_url: str) -> None:
+    """A decision that waited for a lock is not born with its lease already run down."""
+    store = await open_gateway_store(pg_url)
+    fenced = replace(BASE, entity="acct-1", fence=1, lease_seconds=2.0)
+    try:
+        await store.decide(replace(fenced, key="first"), timeout=T)
+        lock = await hold_fence_row(pg_url, "t1", "acct-1")
+        deciding = asyncio.create_task(store.decide(fenced, timeout=T))
+        await wait_until(lambda: store_busy(pg_url), timeout=T, what="the step to wait")
+        await wait_for_database_clock(pg_url, 2.5)  # longer than the lease
+        freed_at = await lock.fetchval("SELECT extract(epoch FROM clock_timestamp())::float8")
+        await lock.execute("COMMIT")
+        await lock.close()
+        decision = await deciding
+        assert decision.outcome is Outcome.RESERVED
+        record = await store.get_key("t1", "k", timeout=T)
+        assert record is not None and record.reserved_at is not None
+        assert record.locked_until is not None
+        assert record.reserved_at >= freed_at
+        assert record.locked_until >= freed_at + 2.0
+    finally:
+        await store.close()
+
+
+async def test_an_abandoned_decision_is_released_by_its_owner_whatever_the_attempt(
+    store: GatewayStore,
+) -> None:
+    """A gateway that gave up on a decision knows the owner it named, not the attempt the
+    store gave it: the release goes by owner, and leaves anyone else's reservation alone."""
+    first = await store.decide(replace(BASE, owner="gw-a/1"), timeout=T)
+    assert await store.mark_unknown(holder(first.attempt, replace(BASE, owner="gw-a/1")), timeout=T)
+    retried = await store.decide(replace(BASE, owner="gw-a/2"), timeout=T)
+    assert (retried.outcome, retried.attempt) == (Outcome.RETRY_UNKNOWN, 2)
+    assert not await store.release_abandoned(Reservation("t1", "k", "gw-a/1", 0), timeout=T)
+    assert await store.get_key("t1", "k", timeout=T) is not None
+    assert await store.release_abandoned(Reservation("t1", "k", "gw-a/2", 0), timeout=T)
+    assert await store.get_key("t1", "k", timeout=T) is None
+    assert not await store.release_abandoned(Reservation("t1", "k", "gw-a/2", 0), timeout=T)

@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from fencegate.errors import StoreTimedOut
 from fencegate.store.base import StoreUnavailable
 from fencegate.store.batching import Batcher
 
@@ -81,3 +82,13 @@ async def test_a_queued_call_gives_up_at_its_own_deadline_not_when_the_batch_ahe
     release.set()
     assert await ahead == "ahead"
     assert sent == [["ahead"]]
+
+
+async def test_a_timed_out_call_names_its_own_timeout_not_the_time_its_batch_had_left() -> None:
+    async def run(items: list[str], timeout: float) -> list[str]:
+        # What a store says when the batch's last moments ran out (the time it was given).
+        raise StoreTimedOut(f"no answer within {timeout:g}s")
+
+    batcher: Batcher[str, str] = Batcher(run)
+    with pytest.raises(StoreTimedOut, match=r"no answer within 2\.5s$"):
+        await batcher.submit("a", timeout=2.5)

@@ -4,13 +4,14 @@
 -- One round trip of a gateway: the decisions and recorded answers that queued up, in one
 -- transaction (fencegate_step), and their rows in the decision history in the same
 -- statement. $1-$9 and $19-$21: decisions; $10-$18 and $22: recorded answers; $23: whether
--- the history is kept.
+-- the history is kept; $24: the caller's remaining milliseconds (the step rolls back rather
+-- than commit after the caller gave up).
 WITH step AS (
     SELECT * FROM fencegate_step(
         $1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::text[],
         $7::double precision[], $8::double precision[], $9::boolean[],
         $10::text[], $11::text[], $12::text[], $13::integer[], $14::integer[], $15::text[],
-        $16::bytea[], $17::text[], $18::boolean[])
+        $16::bytea[], $17::text[], $18::boolean[], $24::double precision)
 ), history AS (
     INSERT INTO fencegate_decisions (
         tenant, entity, key, fence, decision, attempt, owner, request_id, method, target,
@@ -60,6 +61,21 @@ WITH gone AS (
 )
 SELECT count(*) FROM gone;
 
+-- name: release_abandoned
+-- A decision the gateway gave up on (503) may still have reserved the key under the owner it
+-- named: that reservation goes, whatever its attempt (the owner is this request's alone).
+WITH gone AS (
+    DELETE FROM fencegate_idempotency_keys
+    WHERE tenant = $1 AND key = $2 AND owner = $3 AND state = 'in_flight'
+    RETURNING tenant, entity, key, fence, attempt, owner, expires_at
+), history AS (
+    INSERT INTO fencegate_decisions (
+        tenant, entity, key, fence, decision, attempt, owner, request_id, expires_at)
+    SELECT tenant, entity, key, fence, 'released', attempt, owner, $4, expires_at
+    FROM gone WHERE $5::boolean
+)
+SELECT count(*) FROM gone;
+
 -- name: mark_unknown
 -- locked_until keeps the moment the outcome became unknown (shown to the caller).
 WITH marked AS (
@@ -75,9 +91,11 @@ WITH marked AS (
 SELECT count(*) FROM marked;
 
 -- name: renew
-UPDATE fencegate_idempotency_keys SET locked_until = now() + make_interval(secs => $5)
+-- The lease runs from when the row is written, not from when the statement began (it may
+-- have waited for the row).
+UPDATE fencegate_idempotency_keys SET locked_until = clock_timestamp() + make_interval(secs => $5)
 WHERE tenant = $1 AND key = $2 AND owner = $3 AND attempt = $4 AND state = 'in_flight'
-  AND locked_until > now();
+  AND locked_until > clock_timestamp();
 
 -- name: remember_nonce
 -- A nonce row that has expired may be reused; an unexpired one is a replayed signature.

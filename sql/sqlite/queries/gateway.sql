@@ -58,6 +58,12 @@ WHERE tenant = :tenant AND key = :key AND owner = :owner AND attempt = :attempt
     AND state = 'in_flight'
 RETURNING entity, fence, expires_at;
 
+-- name: release_abandoned
+-- A decision the gateway gave up on may have reserved the key under the owner it named.
+DELETE FROM fencegate_idempotency_keys
+WHERE tenant = :tenant AND key = :key AND owner = :owner AND state = 'in_flight'
+RETURNING entity, fence, expires_at, attempt;
+
 -- name: mark_unknown
 -- locked_until keeps the moment the outcome became unknown (shown to the caller).
 UPDATE fencegate_idempotency_keys SET state = 'outcome_unknown', locked_until = :now

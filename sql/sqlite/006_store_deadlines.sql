@@ -1,0 +1,4 @@
+-- Nothing to change on SQLite (see the PostgreSQL migration of the same name): the store's
+-- connection thread gives up a little before its caller and checks again once it holds the
+-- write lock, so a decision that waited past the caller's patience rolls back instead of
+-- reserving behind the caller's back.
