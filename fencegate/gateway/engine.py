@@ -25,7 +25,7 @@ from fencegate.gateway.decisions import DecisionTrace, decision_of
 from fencegate.gateway.fingerprint import request_fingerprint
 from fencegate.gateway.headers import NOT_REPLAYED
 from fencegate.gateway.metrics import GatewayMetrics
-from fencegate.gateway.recorder import OwedWrite, PendingWrites, Write
+from fencegate.gateway.recorder import ABANDON, OwedWrite, PendingWrites, Write
 from fencegate.gateway.routes import RoutePolicy, entity_missing
 from fencegate.gateway.upstream import (
     Forward,
@@ -38,6 +38,7 @@ from fencegate.store.base import (
     DecideRequest,
     Decision,
     GatewayStore,
+    KeyRecord,
     Outcome,
     Reservation,
     StoredResponse,
@@ -99,7 +100,7 @@ class Engine:
         self.store_timeout = float(store_timeout)
         self.metrics = metrics
         # Writes owed to the store after the upstream acted, kept trying in the background.
-        self.pending = PendingWrites()
+        self.pending = PendingWrites(look_up=self._look_up)
         # Each reservation gets its own holder name (instance/request number): attempts
         # restart at 1 once a key is released, and an answer still owed for an earlier
         # reservation must never complete a later one.
@@ -216,9 +217,34 @@ class Engine:
         except Exception as exc:
             # Whatever failed at the store boundary, nothing was decided: fail closed.
             logger.error("store unavailable, refusing the request: %s", describe(exc))
+            if request.key is not None and getattr(exc, "reached_store", True):
+                self._release_abandoned(request, request.key)
             raise store_unavailable() from exc
         finally:
             self._store_latency("decide", started)
+
+    def _release_abandoned(self, request: DecideRequest, key: str) -> None:
+        """The 503 says nothing was forwarded and nothing is left behind, but the decision's
+        statement may still commit after this gateway stopped waiting (the store sets a
+        deadline on it, a commit can still land after it). Whatever it reserved under this
+        request's own owner is released in the background, retried with backoff like an
+        owed answer, so that the client's retry runs normally."""
+        reservation = Reservation(request.tenant, key, request.owner, 0, request.request_id)
+        store, timeout = self.store, self.store_timeout
+        self.pending.keep_trying(
+            OwedWrite(
+                ABANDON,
+                reservation,
+                lambda: store.release_abandoned(reservation, timeout=timeout),
+                give_up_at=time.monotonic() + request.ttl_seconds,
+                # Past the lease, a reservation that commits that late reads as an unknown
+                # outcome anyway; until then the store is asked again with backoff.
+                watch_until=time.monotonic() + self.lease_seconds,
+            )
+        )
+
+    async def _look_up(self, tenant: str, key: str) -> KeyRecord | None:
+        return await self.store.get_key(tenant, key, timeout=self.store_timeout)
 
     async def _relay(self, forward: Forward, policy: RoutePolicy, label: str) -> GatewayResponse:
         """Forward without a reservation: nothing to record either way."""
