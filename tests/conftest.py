@@ -34,6 +34,16 @@ async def pg_url(pg_server_url: str) -> AsyncIterator[str]:
 
 
 @pytest.fixture
+async def empty_pg_url(pg_server_url: str) -> AsyncIterator[str]:
+    """A new PostgreSQL database nobody migrated."""
+    url = await postgres.create_database(pg_server_url)
+    try:
+        yield url
+    finally:
+        await postgres.drop_database(pg_server_url, url)
+
+
+@pytest.fixture
 async def sqlite_url(tmp_path: Path) -> str:
     """A new, migrated SQLite file for one test."""
     url = f"sqlite:///{tmp_path / 'fencegate.db'}"

@@ -138,9 +138,8 @@ def check_store(config: GatewayConfig) -> StoreKind:
     """Open the store (migrating it when asked) and check its schema before serving, so a
     database nobody migrated stops the start with one line naming `fencegate migrate`.
     Returns the store's kind."""
-    from fencegate.gateway.app import require_schema
     from fencegate.store import open_gateway_store
-    from fencegate.store.schema import SchemaMismatch, redacted
+    from fencegate.store.schema import SchemaMismatch, redacted, require_schema
 
     settings = config.settings
 

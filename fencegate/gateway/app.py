@@ -19,7 +19,7 @@ from fencegate.gateway.proxy import ReverseProxy
 from fencegate.gateway.routes import RouteTable
 from fencegate.gateway.upstream import HttpUpstream
 from fencegate.store import GatewayStore, StoreUnavailable, open_gateway_store
-from fencegate.store.schema import check_applied
+from fencegate.store.schema import require_schema
 from fencegate.types import Authenticator, Receive, Scope, Send
 
 logger = logging.getLogger("fencegate.gateway")
@@ -42,13 +42,6 @@ def load_authenticator(
     from fencegate import signing
 
     return signing.load_authenticator(spec, base_dir=base_dir, store_timeout=store_timeout)
-
-
-async def require_schema(store: GatewayStore, *, database_url: str | None, timeout: float) -> None:
-    """Raise `SchemaMismatch` (one line naming `fencegate migrate`) unless the store holds
-    the schema this code needs."""
-    applied = await store.applied_migrations(timeout=timeout)
-    check_applied(applied, store.kind, database_url)
 
 
 class GatewayApplication:

@@ -6,6 +6,11 @@
 Requests whose method a route guards are buffered, checked and, when allowed, passed to the
 wrapped app; its answer is captured, recorded and sent. Everything else goes straight
 through.
+
+At lifespan start-up the store is opened and its schema checked, as `fencegate serve` does:
+a database nobody migrated stops the service's start with one line naming
+`fencegate migrate`, instead of a 503 on every keyed request. (Run without a lifespan, the
+check happens on the first guarded request, which is answered 503 with that line.)
 """
 
 from __future__ import annotations
@@ -14,7 +19,8 @@ import asyncio
 import logging
 from collections.abc import Iterable
 
-from fencegate.gateway.engine import Engine, problem_response
+from fencegate.errors import StoreUnavailable
+from fencegate.gateway.engine import Engine, problem_response, store_unavailable
 from fencegate.gateway.metrics import GatewayMetrics
 from fencegate.gateway.pipeline import (
     Pipeline,
@@ -27,6 +33,7 @@ from fencegate.gateway.routes import RoutePolicy, RouteTable
 from fencegate.gateway.upstream import AppUpstream
 from fencegate.problems import Problem
 from fencegate.store import GatewayStore, open_gateway_store
+from fencegate.store.schema import SchemaMismatch, require_schema
 from fencegate.types import ASGIApp, Authenticator, Message, Receive, Scope, Send
 
 logger = logging.getLogger("fencegate.gateway")
@@ -93,16 +100,39 @@ class FencegateMiddleware:
         if self._authenticator is None and not policy.guards(scope["method"]):
             await self.app(scope, receive, send)
             return
-        pipeline = self._pipeline or await self._open()
+        try:
+            pipeline = self._pipeline or await self._open()
+        except (StoreUnavailable, SchemaMismatch) as exc:
+            logger.error("fencegate: cannot open the store: %s", exc)
+            refused = store_unavailable()
+            if isinstance(exc, SchemaMismatch):
+                refused.detail = str(exc)
+            await answer(
+                send,
+                problem_response(refused),
+                policy=policy,
+                trace=start_trace(scope, None),
+                metrics=self.metrics,
+                owner="",
+            )
+            return
         await pipeline.handle(scope, receive, send, target, policy)
 
     async def _open(self) -> Pipeline:
         async with self._opening:
             if self._pipeline is None:
-                if self._store is None:
-                    self._store = await open_gateway_store(
-                        self._database_url, history=self._history
+                store = self._store
+                if store is None:
+                    store = await open_gateway_store(self._database_url, history=self._history)
+                try:
+                    await require_schema(
+                        store, database_url=self._database_url, timeout=self._store_timeout
                     )
+                except BaseException:
+                    if self._owns_store:
+                        await store.close()
+                    raise
+                self._store = store
                 engine = Engine(
                     self._store,
                     lease_seconds=self._lease_seconds,
@@ -133,7 +163,21 @@ class FencegateMiddleware:
                 await self.close()
             return message
 
-        await self.app(scope, wrapped_receive, send)
+        async def wrapped_send(message: Message) -> None:
+            if message["type"] == "lifespan.startup.complete":
+                try:
+                    await self._open()
+                except SchemaMismatch as exc:
+                    # The server reports this and does not start: one clear line, once.
+                    await send({"type": "lifespan.startup.failed", "message": f"fencegate: {exc}"})
+                    return
+                except StoreUnavailable as exc:
+                    # An outage at start is not a misconfiguration: start, answer 503 until
+                    # the store is back (the schema is checked when it is).
+                    logger.warning("fencegate: store unavailable at start-up: %s", exc)
+            await send(message)
+
+        await self.app(scope, wrapped_receive, wrapped_send)
 
 
 # The name as it was first spelled, kept for existing imports.

@@ -12,6 +12,7 @@ from typing import Literal
 from urllib.parse import urlsplit, urlunsplit
 
 from fencegate.errors import FencegateError
+from fencegate.store.base import GatewayStore
 from fencegate.store.migrations import migration_files
 
 
@@ -60,3 +61,10 @@ def check_applied(
     missing = [name for name in needed if name not in applied]
     if missing:
         raise SchemaMismatch(f"the database's fencegate schema lacks {', '.join(missing)}: {fix}")
+
+
+async def require_schema(store: GatewayStore, *, database_url: str | None, timeout: float) -> None:
+    """Raise `SchemaMismatch` (one line naming `fencegate migrate`) unless the store holds
+    the schema this code needs. `fencegate serve` and the middleware both call it at start."""
+    applied = await store.applied_migrations(timeout=timeout)
+    check_applied(applied, store.kind, database_url)

@@ -9,7 +9,7 @@ import sqlite3
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,6 @@ import pytest
 
 from fencegate.store import GatewayStore, StoreUnavailable
 from fencegate.store.migrations import migrate
-from tests.support import postgres
 from tests.support.gateway import GatewayProcess
 from tests.support.processes import child_env
 from tests.support.upstream import UpstreamProcess
@@ -32,16 +31,6 @@ pytestmark = pytest.mark.timeout(180)
 def upstream() -> Iterator[UpstreamProcess]:
     with UpstreamProcess() as process:
         yield process
-
-
-@pytest.fixture
-async def empty_pg_url(pg_server_url: str) -> AsyncIterator[str]:
-    """A PostgreSQL database nobody migrated."""
-    url = await postgres.create_database(pg_server_url)
-    try:
-        yield url
-    finally:
-        await postgres.drop_database(pg_server_url, url)
 
 
 def serve(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
