@@ -4,6 +4,7 @@ callable standing for the upstream (here: one that answers, refuses or never ans
 from __future__ import annotations
 
 import asyncio
+import logging
 import sqlite3
 from urllib.parse import urlsplit, urlunsplit
 
@@ -19,6 +20,7 @@ from fencegate.store import GatewayStore, open_gateway_store
 from fencegate.types import IncomingRequest
 from tests.support.asgi import call
 from tests.support.net import TcpRelay
+from tests.support.waits import wait_until
 
 
 def request(key: str = "k", *, fence: int | None = None, body: bytes = b"{}") -> IncomingRequest:
@@ -158,3 +160,84 @@ async def test_unreachable_postgres_store_is_503_and_nothing_is_forwarded(
         finally:
             relay.heal()
             await store.close()
+
+
+@pytest.mark.timeout(120)
+async def test_a_reservation_that_commits_after_the_503_is_released_so_the_retry_runs(
+    pg_url: str,
+) -> None:
+    """The decision reaches PostgreSQL and commits, but its answer never comes back: the
+    client gets 503 (nothing forwarded), and the reservation it left under its own owner is
+    released in the background once the store answers again, so the retry runs normally."""
+    parts = urlsplit(pg_url)
+    with TcpRelay(parts.hostname or "127.0.0.1", parts.port or 5432) as relay:
+        netloc = f"{parts.username}@127.0.0.1:{relay.port}" if parts.username else ""
+        via_relay = urlunsplit((parts.scheme, netloc or f"127.0.0.1:{relay.port}", parts.path,
+                                parts.query, ""))  # fmt: skip
+        # One connection, its decision statement already prepared: once deafened, the next
+        # decision goes out whole (bind, execute, sync) and commits on the server.
+        store = await open_gateway_store(via_relay, run_migrations=False, pool_max_size=1)
+        direct = await open_gateway_store(pg_url, run_migrations=False)
+        try:
+            engine = Engine(store, store_timeout=1.0)
+            upstream = Upstream()
+            ok = await engine.handle(request("a"), RoutePolicy(), "default", upstream.forward)
+            assert ok.status == 200
+            relay.deafen()
+            refused = await engine.handle(request("b"), RoutePolicy(), "default", upstream.forward)
+            assert refused.status == 503
+            left = await direct.get_key("default", "b", timeout=30)
+            assert left is not None and left.state == "in_flight"  # committed behind its back
+            relay.heal()
+
+            async def released() -> bool:
+                return await direct.get_key("default", "b", timeout=30) is None
+
+            await wait_until(released, timeout=30, what="the abandoned reservation released")
+            retry = await engine.handle(request("b"), RoutePolicy(), "default", upstream.forward)
+            assert retry.status == 200
+            assert upstream.calls == 2  # "a", then the retry of "b"
+        finally:
+            relay.heal()
+            await store.close()
+            await direct.close()
+
+
+@pytest.mark.timeout(120)
+async def test_an_answer_recorded_with_only_its_reply_lost_is_not_reported_as_lost(
+    pg_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The store commits the answer but its reply never arrives: the write is tried again,
+    finds nothing to change, and the log says the answer had landed, not that the key is no
+    longer held."""
+    caplog.set_level(logging.INFO, logger="fencegate.gateway")
+    parts = urlsplit(pg_url)
+    with TcpRelay(parts.hostname or "127.0.0.1", parts.port or 5432) as relay:
+        netloc = f"{parts.username}@127.0.0.1:{relay.port}" if parts.username else ""
+        via_relay = urlunsplit((parts.scheme, netloc or f"127.0.0.1:{relay.port}", parts.path,
+                                parts.query, ""))  # fmt: skip
+        store = await open_gateway_store(via_relay, run_migrations=False, pool_max_size=1)
+        try:
+            engine = Engine(store, store_timeout=1.0)
+            warm = await engine.handle(request("a"), RoutePolicy(), "default", Upstream().forward)
+            assert warm.status == 200
+
+            async def answer_then_lose_the_store_replies(timeout: float) -> UpstreamResponse:
+                relay.deafen()
+                return UpstreamResponse(201, [], b"charged")
+
+            answered = await engine.handle(
+                request("b"), RoutePolicy(), "default", answer_then_lose_the_store_replies
+            )
+            assert answered.status == 201
+            await wait_until(lambda: len(engine.pending) == 1, timeout=30, what="a write owed")
+            relay.heal()
+            await wait_until(lambda: len(engine.pending) == 0, timeout=30, what="the write done")
+            record = await store.get_key("default", "b", timeout=30)
+            assert record is not None and record.state == "completed"
+        finally:
+            relay.heal()
+            await store.close()
+    messages = [r.getMessage() for r in caplog.records]
+    assert not [m for m in messages if "no longer held" in m], messages
+    assert [m for m in messages if "complete of key 'b'" in m and "already landed" in m]

@@ -30,6 +30,8 @@ class TcpRelay:
 
     - ``silence()``: connections stay open but no byte passes either way, like a network
       partition (the peers only notice through their own timeouts);
+    - ``deafen()``: the client's bytes still reach the server, the server's answers are
+      dropped (a statement runs and commits; its caller never hears of it);
     - ``heal()``: bytes flow again; bytes sent while silent are dropped, as a partition would;
     - ``cut()``: every connection is reset and new ones are refused until ``heal()``.
     """
@@ -42,6 +44,7 @@ class TcpRelay:
         self._listener.listen(128)
         self.port = int(self._listener.getsockname()[1])
         self._silent = False
+        self._deaf = False
         self._refusing = False
         self._closed = False
         self._lock = threading.Lock()
@@ -58,8 +61,12 @@ class TcpRelay:
     def silence(self) -> None:
         self._silent = True
 
+    def deafen(self) -> None:
+        self._deaf = True
+
     def heal(self) -> None:
         self._silent = False
+        self._deaf = False
         self._refusing = False
 
     def cut(self) -> None:
@@ -117,7 +124,7 @@ class TcpRelay:
                     data = s.recv(65536)
                     if not data:
                         return
-                    if not self._silent:
+                    if not self._silent and not (self._deaf and s is b):
                         peers[s].sendall(data)
         except (OSError, ValueError):
             pass
