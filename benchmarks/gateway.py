@@ -56,6 +56,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
+from benchmarks.cpu import backend_pids, cpu_seconds
 from benchmarks.loadgen import BODY
 from fencegate.store.migrations import migrate
 from tests.support import postgres
@@ -64,7 +65,6 @@ from tests.support.net import free_port, wait_for_port
 from tests.support.upstream import UpstreamProcess
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
@@ -93,35 +93,11 @@ class Result:
     errors: dict[str, int]
 
 
-def backend_pids(database: str) -> list[int]:
-    """PostgreSQL backends connected to one database (their title names it), on this host."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            title = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if title.startswith("postgres:") and f" {database} " in title:
-            pids.append(int(entry.name))
-    return pids
-
-
 def cpu_snapshot(scenario: Scenario) -> dict[int, float]:
     pids = [scenario.pid, *scenario.helper_pids]
     if scenario.database:
         pids += backend_pids(scenario.database)
     return {pid: cpu_seconds(pid) for pid in pids}
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of one process, from /proc."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return float("nan")
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
 @contextlib.contextmanager

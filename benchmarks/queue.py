@@ -59,6 +59,7 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 from prometheus_client import CollectorRegistry
 
+from benchmarks.cpu import backends_cpu, backends_spent
 from fencegate.lease import Lease, LeaseQueue, Worker
 from fencegate.lease.events import EventLog
 from fencegate.lease.metrics import WorkerMetrics
@@ -78,6 +79,31 @@ class Row:
     p50_ms: float | None = None
     p99_ms: float | None = None
     note: str = ""
+    # CPU per job: this process (the worker or runner, all its threads), and the database's
+    # backends serving it; steadier than jobs/s on a shared machine.
+    cpu_ms: float | None = None
+    db_cpu_ms: float | None = None
+
+
+class CpuMeter:
+    """CPU spent by this process and by the backends of one database between `start` and
+    `stop` (read before the pool closes: a backend that is gone cannot be read)."""
+
+    def __init__(self, url: str) -> None:
+        self.database = urlsplit(url).path.lstrip("/")
+        self.process = 0.0
+        self.backends: dict[int, float] = {}
+
+    def start(self) -> None:
+        self.backends = backends_cpu(self.database)
+        self.process = time.process_time()
+
+    def stop(self, row: Row, jobs: int) -> Row:
+        process = time.process_time() - self.process
+        database = backends_spent(self.backends, self.database)
+        row.cpu_ms = process / jobs * 1000
+        row.db_cpu_ms = database / jobs * 1000
+        return row
 
 
 # -- databases ---------------------------------------------------------------------------
@@ -246,24 +272,38 @@ async def _enqueue_noops(queue: LeaseQueue, jobs: int) -> float:
     return time.perf_counter() - started
 
 
-async def worker_throughput(server: str, *, jobs: int, concurrency: int, profile: bool) -> Row:
-    """One `Worker` (claim loop, heartbeat thread, events, metrics, group commit) drains
-    ``jobs`` no-op jobs; timed from start to idle."""
+async def worker_throughput(
+    server: str, *, jobs: int, concurrency: int, profile: bool, workers: int = 1
+) -> Row:
+    """``workers`` `Worker`s in this one process (claim loops, heartbeat threads, events,
+    metrics, group commit), sharing one queue, drain ``jobs`` no-op jobs; timed from start
+    to idle."""
     async with fresh_database(server) as url:
-        queue = await LeaseQueue.connect(url, timeout=30, pool_max_size=concurrency + 2)
+        queue = await LeaseQueue.connect(
+            url, timeout=30, pool_max_size=min(workers * (concurrency + 2), 24)
+        )
         try:
             await queue.migrate()
             enqueue_seconds = await _enqueue_noops(queue, jobs)
-            worker = _quiet_worker(queue, {"noop": _noop_tool}, concurrency=concurrency)
+            crew = [
+                _quiet_worker(queue, {"noop": _noop_tool}, concurrency=concurrency)
+                for _ in range(workers)
+            ]
             trips = queue.round_trips
             profiler = cProfile.Profile() if profile else None
+            meter = CpuMeter(url)
+            meter.start()
             started = time.perf_counter()
             if profiler:
                 profiler.enable()
-            await asyncio.wait_for(worker.run_until_idle(), PHASE_LIMIT_SECONDS)
+            await asyncio.wait_for(
+                asyncio.gather(*(worker.run_until_idle() for worker in crew)),
+                PHASE_LIMIT_SECONDS,
+            )
             if profiler:
                 profiler.disable()
             seconds = time.perf_counter() - started
+            row = meter.stop(Row("fencegate Worker"), jobs)
             trips = queue.round_trips - trips
             done = len(await queue.list_jobs(state="succeeded", limit=jobs + 1, timeout=30))
             if done != jobs:
@@ -272,12 +312,10 @@ async def worker_throughput(server: str, *, jobs: int, concurrency: int, profile
                 print_profile(profiler, "fencegate Worker")
         finally:
             await queue.close()
-    return Row(
-        "fencegate Worker",
-        jobs_per_second=jobs / seconds,
-        enqueue_per_second=jobs / enqueue_seconds,
-        note=f"{trips / jobs * 10:.1f} statements per 10 jobs",
-    )
+    row.jobs_per_second = jobs / seconds
+    row.enqueue_per_second = jobs / enqueue_seconds
+    row.note = f"{trips / jobs * 10:.1f} statements per 10 jobs"
+    return row
 
 
 async def worker_pickup(server: str, *, samples: int, concurrency: int) -> Row:
@@ -481,6 +519,7 @@ async def pgqueuer_throughput(server: str, *, jobs: int, workers: int, batch: in
                 )
             enqueue_seconds = time.perf_counter() - started
             done = 0
+            meter = CpuMeter(url)
             managers: list[QueueManager] = []
             for conn in conns:
                 manager = QueueManager(Queries(AsyncpgDriver(conn)))
@@ -491,6 +530,7 @@ async def pgqueuer_throughput(server: str, *, jobs: int, workers: int, batch: in
                     done += 1
 
                 managers.append(manager)
+            meter.start()
             started = time.perf_counter()
             await asyncio.wait_for(
                 asyncio.gather(
@@ -507,16 +547,15 @@ async def pgqueuer_throughput(server: str, *, jobs: int, workers: int, batch: in
                 PHASE_LIMIT_SECONDS,
             )
             seconds = time.perf_counter() - started
+            row = meter.stop(Row(f"PgQueuer    N={workers}"), jobs)
             if done != jobs:
                 raise RuntimeError(f"PgQueuer finished {done} of {jobs} jobs")
         finally:
             for conn in [producer, *conns]:
                 await conn.close()
-    return Row(
-        f"PgQueuer    N={workers}",
-        jobs_per_second=jobs / seconds,
-        enqueue_per_second=jobs / enqueue_seconds,
-    )
+    row.jobs_per_second = jobs / seconds
+    row.enqueue_per_second = jobs / enqueue_seconds
+    return row
 
 
 async def pgqueuer_pickup(server: str, *, samples: int, workers: int) -> Row:
@@ -576,6 +615,8 @@ async def plain_loop_throughput(server: str, *, jobs: int, batch: int) -> Row:
             enqueue_seconds = await _enqueue_noops(queue, jobs)
             done = 0
             deadline = time.monotonic() + PHASE_LIMIT_SECONDS
+            meter = CpuMeter(url)
+            meter.start()
             started = time.perf_counter()
             while time.monotonic() < deadline:
                 leases = await queue.claim("plain", kinds=["noop"], limit=batch, timeout=30)
@@ -584,15 +625,14 @@ async def plain_loop_throughput(server: str, *, jobs: int, batch: int) -> Row:
                 for lease in leases:
                     done += await queue.complete(lease, None, timeout=30)
             seconds = time.perf_counter() - started
+            row = meter.stop(Row("fencegate claim(limit) + complete() per job"), jobs)
             if done != jobs:
                 raise RuntimeError(f"the plain loop finished {done} of {jobs} jobs")
         finally:
             await queue.close()
-    return Row(
-        "fencegate claim(limit) + complete() per job",
-        jobs_per_second=jobs / seconds,
-        enqueue_per_second=jobs / enqueue_seconds,
-    )
+    row.jobs_per_second = jobs / seconds
+    row.enqueue_per_second = jobs / enqueue_seconds
+    return row
 
 
 # -- saq (Redis) -------------------------------------------------------------------------
@@ -834,11 +874,46 @@ def median_row(rows: list[Row]) -> Row:
         jobs_per_second=statistics.median(r.jobs_per_second or 0.0 for r in rows),
         enqueue_per_second=statistics.median(r.enqueue_per_second or 0.0 for r in rows),
         note=rows[len(rows) // 2].note,
+        cpu_ms=_median_of([r.cpu_ms for r in rows]),
+        db_cpu_ms=_median_of([r.db_cpu_ms for r in rows]),
     )
+
+
+def _median_of(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
+def cpu_text(row: Row) -> str:
+    if row.cpu_ms is None:
+        return "-"
+    return f"{row.cpu_ms * 1000:.0f} + {(row.db_cpu_ms or 0.0) * 1000:.0f}"
 
 
 PEERS = ("saq", "procrastinate")
 ORDER = ("worker", "pipelined", "plain", "pgqueuer", *PEERS)
+
+
+def print_shapes(shapes: dict[tuple[int, int], tuple[Row, Row]], args: argparse.Namespace) -> None:
+    print()
+    print(
+        "Both shapes: N fencegate Workers sharing one queue in one process, against N PgQueuer "
+        "managers (batch size = concurrency) in one process; CPU µs per job: this process "
+        "(all threads) + the database's backends"
+    )
+    print()
+    print(
+        "| Workers in the process | concurrency | fencegate jobs/s | PgQueuer jobs/s "
+        "| x PgQueuer | fencegate CPU µs/job | PgQueuer CPU µs/job |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for (workers, concurrency), (ours, theirs) in shapes.items():
+        ratio = (ours.jobs_per_second or 0.0) / (theirs.jobs_per_second or 1.0)
+        print(
+            f"| {workers} | {concurrency} | {fmt(ours.jobs_per_second, '.0f')} "
+            f"| {fmt(theirs.jobs_per_second, '.0f')} | {ratio:.2f} | {cpu_text(ours)} "
+            f"| {cpu_text(theirs)} |"
+        )
 
 
 def print_table(
@@ -851,24 +926,27 @@ def print_table(
     baseline = throughput["pgqueuer"].jobs_per_second or 0.0
     print()
     print(
-        f"Lease queue: {args.jobs} no-op jobs per run, concurrency {args.concurrency} "
+        f"Lease queue: {args.jobs} no-op jobs per run, concurrency {args.concurrency[0]} "
         f"(one process each), one PostgreSQL server (saq: one Redis server), median of "
         f"{args.rounds} interleaved rounds"
     )
     print()
-    print("| contender | jobs/s | x PgQueuer | pickup p50 ms | pickup p99 ms |")
-    print("|---|---|---|---|---|")
+    print(
+        "| contender | jobs/s | x PgQueuer | pickup p50 ms | pickup p99 ms "
+        "| CPU µs/job: process + PostgreSQL |"
+    )
+    print("|---|---|---|---|---|---|")
     for key in ORDER:
         if key not in throughput:
             continue
         row, wait = throughput[key], pickup[key]
         if row.jobs_per_second is None:
-            print(f"| {row.name} | not run: {row.note} | - | - | - |")
+            print(f"| {row.name} | not run: {row.note} | - | - | - | - |")
             continue
         ratio = row.jobs_per_second / baseline if baseline else 0.0
         print(
             f"| {row.name} | {fmt(row.jobs_per_second, '.0f')} | {ratio:.2f} "
-            f"| {fmt(wait.p50_ms, '.1f')} | {fmt(wait.p99_ms, '.1f')} |"
+            f"| {fmt(wait.p50_ms, '.1f')} | {fmt(wait.p99_ms, '.1f')} | {cpu_text(row)} |"
         )
     print()
     one = scaling[0].jobs_per_second or 0.0
@@ -895,7 +973,7 @@ PEER_NAMES = {"saq": "saq Worker (Redis)", "procrastinate": "Procrastinate worke
 async def run(args: argparse.Namespace) -> None:
     server = os.environ.get("FENCEGATE_BENCH_DATABASE_URL", DEFAULT_SERVER)
     redis_url = os.environ.get("FENCEGATE_BENCH_REDIS_URL", DEFAULT_REDIS)
-    concurrency = args.concurrency
+    concurrency = args.concurrency[0]
     runs: dict[str, Callable[[], Awaitable[Row]]] = {
         "worker": functools.partial(
             worker_throughput,
@@ -966,6 +1044,22 @@ async def run(args: argparse.Namespace) -> None:
         )
         for n in args.processes
     }
+    # Both shapes at every concurrency: fencegate and PgQueuer, N of each in one process.
+    for workers in args.shapes:
+        for level in args.concurrency:
+            if workers == 1 and level == concurrency:
+                continue  # the first table's own rows
+            runs[f"worker {workers}x{level}"] = functools.partial(
+                worker_throughput,
+                server,
+                jobs=args.jobs,
+                concurrency=level,
+                profile=False,
+                workers=workers,
+            )
+            runs[f"pgqueuer {workers}x{level}"] = functools.partial(
+                pgqueuer_throughput, server, jobs=args.jobs, workers=workers, batch=level
+            )
     results: dict[str, list[Row]] = {name: [] for name in runs}
     scaled: dict[int, list[Row]] = {n: [] for n in scaling_runs}
     names = list(runs)
@@ -985,6 +1079,16 @@ async def run(args: argparse.Namespace) -> None:
             file=sys.stderr,
         )
     throughput = {name: median_row(rows) for name, rows in results.items()}
+    shapes: dict[tuple[int, int], tuple[Row, Row]] = {}
+    for workers in args.shapes:
+        for level in args.concurrency:
+            if workers == 1 and level == concurrency:
+                shapes[workers, level] = (throughput["worker"], throughput["pgqueuer"])
+            else:
+                shapes[workers, level] = (
+                    throughput.pop(f"worker {workers}x{level}"),
+                    throughput.pop(f"pgqueuer {workers}x{level}"),
+                )
     throughput["pipelined"].name = "fencegate claim + complete_many, pipelined"
     throughput["plain"].name = f"fencegate claim(limit={concurrency}) + complete() per job"
     throughput["pgqueuer"].name = "PgQueuer QueueManager.run"
@@ -995,12 +1099,26 @@ async def run(args: argparse.Namespace) -> None:
         pickup[peer] = Row(PEER_NAMES[peer])
     recovery = await worker_recovery(server, runs=3, lease_seconds=2.0)
     print_table(throughput, pickup, [median_row(rows) for rows in scaled.values()], recovery, args)
+    print_shapes(shapes, args)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--jobs", type=int, default=5000)
-    parser.add_argument("--concurrency", type=int, default=10)
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        nargs="+",
+        default=[10, 50],
+        help="tool slots per Worker (PgQueuer: batch size); the first one for the main table",
+    )
+    parser.add_argument(
+        "--shapes",
+        type=int,
+        nargs="+",
+        default=[1, 4],
+        help="Workers (PgQueuer: managers) in one process, each measured at every concurrency",
+    )
     parser.add_argument("--processes", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--samples", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=3)
@@ -1012,7 +1130,10 @@ def main(argv: list[str] | None = None) -> None:
         help="leave out saq and Procrastinate",
     )
     args = parser.parse_args(argv)
-    if min(args.jobs, args.concurrency, args.rounds, *args.processes) < 1 or args.samples < 2:
+    if (
+        min(args.jobs, *args.concurrency, *args.shapes, args.rounds, *args.processes) < 1
+        or args.samples < 2
+    ):
         parser.error(
             "--jobs, --concurrency, --processes, --rounds must be positive, --samples >= 2"
         )
