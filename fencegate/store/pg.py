@@ -72,11 +72,14 @@ class PgDatabase:
         init: Callable[[asyncpg.Connection], Coroutine[Any, Any, None]] | None = None,
         max_inactive_connection_lifetime: float = 300.0,
         generic_plans: bool = False,
+        custom_plans: bool = False,
     ) -> PgDatabase:
         """A pool on ``target``. ``generic_plans`` for callers whose every statement is a
         lookup by key: PostgreSQL then plans each prepared statement once. Statements with
         optional filters (``$1 IS NULL OR col = $1``, the operator's reads) need the default,
-        a plan for the values given."""
+        a plan for the values given. ``custom_plans`` for statements over tables that grow
+        fast from empty (the lease queue): a plan kept from when they were small (a
+        sequential scan inside a nested loop) would stay until the next ANALYZE."""
         settings = {
             "jit": "off",
             "application_name": application_name,
@@ -87,6 +90,8 @@ class PgDatabase:
         }
         if generic_plans:
             settings["plan_cache_mode"] = "force_generic_plan"
+        elif custom_plans:
+            settings["plan_cache_mode"] = "force_custom_plan"
         if target.schema is not None:
             settings["search_path"] = target.schema
         try:

@@ -9,6 +9,7 @@ import asyncpg
 import pytest
 
 from fencegate.errors import StoreUnavailable
+from fencegate.lease import LeaseQueue
 from fencegate.store import (
     DecideRequest,
     GatewayStore,
@@ -389,24 +390,28 @@ async def test_a_batch_that_changes_nothing_commits_without_waiting_for_the_disk
     assert await commit_mode_after_step(pg_url, [replay, answer]) == "on"
 
 
-async def test_only_the_gateway_store_plans_its_statements_once(pg_url: str) -> None:
+async def test_each_pool_plans_its_statements_as_its_tables_need(pg_url: str) -> None:
     """The gateway's statements are lookups by key, planned once (generic plans); the
     operator's reads filter on optional values (``$1 IS NULL OR state = $1``) and keep a
-    plan for the values given, or they would scan whole tables."""
+    plan for the values given, or they would scan whole tables; the lease queue plans each
+    statement for its tables as they are now (they grow from empty faster than they are
+    analyzed, and a plan kept from when they were empty scans them whole)."""
     store = await open_gateway_store(pg_url)
     inspector = await Inspector.open(pg_url)
+    queue = await LeaseQueue.connect(pg_url, timeout=T)
     try:
         modes = []
-        for owner in (store, inspector):
+        for owner in (store, inspector, getattr(queue, "_driver")):  # noqa: B009
             db = getattr(owner, "_db")  # noqa: B009 - the pool behind each one
             assert isinstance(db, PgDatabase)
             modes.append(
                 await db.run(lambda conn: conn.fetchval("SHOW plan_cache_mode"), timeout=T)
             )
     finally:
+        await queue.close()
         await inspector.close()
         await store.close()
-    assert modes == ["force_generic_plan", "auto"]
+    assert modes == ["force_generic_plan", "auto", "force_custom_plan"]
 
 
 async def hold_fence_row(url: str, tenant: str, entity: str) -> asyncpg.Connection:

@@ -192,6 +192,10 @@ class PostgresDriver(Driver):
             # No connection is kept for ever: one that has lived through an unnoticed
             # partition is replaced within minutes even when idle.
             max_inactive_connection_lifetime=60.0,
+            # A queue's tables grow from empty faster than autovacuum analyzes them: a
+            # generic plan made while they were small joined each batch to a sequential
+            # scan of the attempts, so every commit got slower as the queue drained.
+            custom_plans=True,
         )
         return cls(db)
 
