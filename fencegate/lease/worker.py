@@ -293,7 +293,9 @@ class Worker:
         """Until a slot frees, a job ends, work may be ready, stop(), or a poll period."""
         slot = asyncio.get_running_loop().create_future()
         self._slot_freed = slot
-        waiters: set[asyncio.Future[Any]] = {stop_wait, slot, *self._running}
+        # A job that ends resolves `slot` too (`_finished`): waiting on every running task
+        # instead would add and remove a callback on each of them at every turn of this loop.
+        waiters: set[asyncio.Future[Any]] = {stop_wait, slot}
         listener: asyncio.Task[Any] | None = None
         if self._free_slots() > 0:
             listener = asyncio.ensure_future(self._wait_for_work())
@@ -341,6 +343,10 @@ class Worker:
                 self._tools_busy += 1
                 turn.set_result(True)
                 break
+        self._news()
+
+    def _news(self) -> None:
+        """Wake the claim loop: a slot freed, or a job ended."""
         slot = self._slot_freed
         if slot is not None and not slot.done():
             slot.set_result(None)
@@ -367,6 +373,7 @@ class Worker:
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         execution = self._running.pop(task, None)
+        self._news()
         if not task.cancelled() and task.exception() is not None and execution is not None:
             # The tool's own errors are handled in _settle; this is the worker failing.
             logger.error(
