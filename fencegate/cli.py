@@ -25,6 +25,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "fencegate.commands.trace",
         "one timeline of an entity or key: decisions, lease grants, tokens, fenced-off requests",
     ),
+    "audit": (
+        "fencegate.commands.audit",
+        "the audit log: every operator action, who did it, why, before and after",
+    ),
     "console": (
         "fencegate.commands.console",
         "the operator's web console: overview, jobs, keys, traces, audited actions",
@@ -50,14 +54,34 @@ def build_parser() -> argparse.ArgumentParser:
         module = importlib.import_module(module_name)
         command_parser = sub.add_parser(name, help=help_text, description=help_text)
         module.add_arguments(command_parser)
-        command_parser.set_defaults(_run=module.run)
+        # Operator reads and actions work on an existing, migrated store, never create one.
+        existing = bool(getattr(module, "NEEDS_EXISTING_STORE", False))
+        command_parser.set_defaults(_run=module.run, _existing_store=existing)
+        describe_actions(command_parser)
     return parser
+
+
+def describe_actions(parser: argparse.ArgumentParser) -> None:
+    """Give every nested sub-command (``keys list``, ``jobs show``) its one-line help as the
+    description its own ``--help`` prints, unless it has one already."""
+    for action in parser._actions:
+        if not isinstance(action, argparse._SubParsersAction):
+            continue
+        for choice in action._choices_actions:
+            child = action.choices[choice.dest]
+            if not child.description and choice.help:
+                child.description = choice.help[0].upper() + choice.help[1:] + "."
+            describe_actions(child)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if args._existing_store:
+            from fencegate.commands.existing_store import require_existing_store
+
+            require_existing_store(args.database_url, timeout=getattr(args, "timeout", 10.0))
         return int(args._run(args) or 0)
     except KeyboardInterrupt:
         return 130

@@ -16,6 +16,7 @@ from typing import Any
 from fencegate.lease import LeaseQueue
 from fencegate.store import GatewayStore, KeyRecord, ResolveResult, StoredResponse
 from fencegate.store.inspect import Inspector, Row
+from fencegate.store.key_states import operator_state
 
 
 def stored_answer(status: int, body: bytes, content_type: str) -> StoredResponse:
@@ -148,11 +149,13 @@ def key_fields(record: KeyRecord) -> dict[str, object]:
         if record.state == "in_flight" and record.locked_until is not None
         else None
     )
+    lease_expired = record.unknown and record.state == "in_flight"
+    state, reason = operator_state(record.state, lease_expired=lease_expired)
     return {
         "tenant": record.tenant,
         "key": record.key,
-        "state": record.state,
-        "outcome_unknown": record.unknown,
+        "state": state,
+        "reason": reason,
         "owner": record.owner,
         "attempt": record.attempt,
         "entity": record.entity,

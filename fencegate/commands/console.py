@@ -11,6 +11,7 @@ import argparse
 import os
 
 from fencegate.cli import CommandError
+from fencegate.commands.existing_store import require_existing_store
 from fencegate.commands.migrate import add_database_url, run_on_store
 from fencegate.console.auth import TokenConfigError, load_tokens
 from fencegate.store.inspect import Inspector
@@ -18,9 +19,17 @@ from fencegate.store.inspect import Inspector
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_database_url(parser)
-    parser.add_argument("--host", default=os.environ.get("FENCEGATE_CONSOLE_HOST", "127.0.0.1"))
     parser.add_argument(
-        "--port", type=int, default=int(os.environ.get("FENCEGATE_CONSOLE_PORT", "8090"))
+        "--host",
+        default=os.environ.get("FENCEGATE_CONSOLE_HOST", "127.0.0.1"),
+        help="address to listen on (default 127.0.0.1, this host only; 0.0.0.0 for every "
+        "interface, e.g. in a container; env FENCEGATE_CONSOLE_HOST)",
+    )
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=int(os.environ.get("FENCEGATE_CONSOLE_PORT", "8090")),
+        help="port to listen on (default 8090; env FENCEGATE_CONSOLE_PORT)",
     )
     parser.add_argument(
         "--tokens",
@@ -58,6 +67,9 @@ def run(args: argparse.Namespace) -> int:
         tokens = load_tokens(args.tokens, os.environ)
     except TokenConfigError as exc:
         raise CommandError(str(exc)) from None
+    # After the tokens (no token, no console), before anything opens the store: a missing
+    # store is named, never created.
+    require_existing_store(args.database_url, timeout=args.timeout)
     try:
         run_on_store(_check_store(args.database_url, args.timeout))
     except CommandError as exc:

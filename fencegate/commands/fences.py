@@ -13,6 +13,10 @@ from fencegate.store.inspect import Inspector, Trace
 _COLUMNS = ("at", "what", "token", "key", "owner", "request_id", "method", "target")
 
 
+# Reads and actions: the store must exist and be migrated (checked before `run`).
+NEEDS_EXISTING_STORE = True
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="action", metavar="ACTION")
     actions.required = True

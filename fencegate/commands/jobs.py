@@ -33,6 +33,10 @@ _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
+# Reads and actions: the store must exist and be migrated (checked before `run`).
+NEEDS_EXISTING_STORE = True
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="action", metavar="ACTION")
     actions.required = True

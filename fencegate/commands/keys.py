@@ -31,8 +31,12 @@ from fencegate.store import (
     StoredResponse,
     open_gateway_store,
 )
-from fencegate.store.inspect import KEY_STATES, Inspector, Page
+from fencegate.store.inspect import Inspector, Page
+from fencegate.store.key_states import KEY_STATES
 from fencegate.types import DEFAULT_TENANT
+
+# Reads and actions: the store must exist and be migrated (checked before `run`).
+NEEDS_EXISTING_STORE = True
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -42,7 +46,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     listing = actions.add_parser("list", help="keys by state, a page at a time")
     add_common(listing, tenant_default=None)
     listing.add_argument(
-        "--state", choices=KEY_STATES, help="unknown = marked so, or in flight, lease expired"
+        "--state",
+        choices=KEY_STATES,
+        help="outcome_unknown takes in both reasons: upstream_timeout (marked so) and "
+        "lease_expired (in flight, its gateway's lease ran out)",
     )
     listing.add_argument("--cursor", help="the cursor a previous page printed")
     listing.add_argument("--limit", type=int, default=50, help="keys per page (default 50)")
@@ -72,7 +79,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_actor(resolve)
 
 
-_LIST_COLUMNS = ("tenant", "key", "state", "unknown", "attempt", "owner", "entity", "fence",
+_LIST_COLUMNS = ("tenant", "key", "state", "reason", "attempt", "owner", "entity", "fence",
                  "created_at", "response_status")  # fmt: skip
 _HISTORY_COLUMNS = ("at", "what", "attempt", "token", "owner", "request_id", "status")
 

@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 
 from fencegate.cli import CommandError
 from fencegate.store import StoreUnavailable
+from fencegate.store.dburl import parse_database_url
 from fencegate.store.migrations import migrate
 
 T = TypeVar("T")
@@ -25,21 +26,31 @@ def add_database_url(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def run_on_store(work: Coroutine[Any, Any, T]) -> T:
-    """Run a command's work on the store; any failure is one clear line, not a traceback."""
+def run_on_store(work: Coroutine[Any, Any, T], *, store: str | None = None) -> T:
+    """Run a command's work on the store; any failure is one clear line, not a traceback.
+    ``store`` (how to name the store, e.g. ``PostgreSQL at postgresql://…``) prefixes it."""
+    prefix = f"{store}: " if store else ""
     try:
         return asyncio.run(work)
+    except CommandError:
+        raise
     except (ValueError, OSError, StoreUnavailable) as exc:
-        raise CommandError(str(exc)) from exc
+        raise CommandError(f"{prefix}{exc}") from exc
     except Exception as exc:  # asyncpg / sqlite errors: say what failed
-        raise CommandError(f"{type(exc).__name__}: {exc}") from exc
+        raise CommandError(f"{prefix}{type(exc).__name__}: {exc}") from exc
 
 
 add_arguments = add_database_url
 
 
 def run(args: argparse.Namespace) -> int:
-    applied = run_on_store(migrate(args.database_url))
+    from fencegate.commands.existing_store import store_name
+
+    try:
+        target = parse_database_url(args.database_url)
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
+    applied = run_on_store(migrate(args.database_url), store=f"cannot migrate {store_name(target)}")
     if applied:
         for name in applied:
             print(f"applied {name}")

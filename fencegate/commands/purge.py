@@ -11,6 +11,9 @@ from fencegate.commands.migrate import add_database_url, run_on_store
 from fencegate.gateway.config import DAY
 from fencegate.store import PurgeCounts, open_gateway_store
 
+# Reads and actions: the store must exist and be migrated (checked before `run`).
+NEEDS_EXISTING_STORE = True
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_database_url(parser)

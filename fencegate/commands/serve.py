@@ -159,6 +159,8 @@ def check_store(config: GatewayConfig) -> StoreKind:
         return asyncio.run(check())
     except SchemaMismatch as exc:
         raise CommandError(str(exc)) from exc
+    except ValueError as exc:  # the URL itself: its message says what is wrong
+        raise CommandError(str(exc)) from None
     except Exception as exc:
         raise CommandError(
             f"cannot open the store {redacted(settings.database_url)}: {type(exc).__name__}: {exc}"
@@ -217,8 +219,9 @@ def run(args: argparse.Namespace) -> int:
     config = build_config(overrides)
     settings = config.settings
     configure_logging(config)
-    authenticator = check_authenticator(config)
+    # The store first: a bad --database-url is the only line printed, not after the keys'.
     store_kind = check_store(config)
+    authenticator = check_authenticator(config)
     announce(config, signatures=authenticator is not None, store_kind=store_kind)
     common: dict[str, Any] = {
         "host": settings.host,

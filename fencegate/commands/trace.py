@@ -15,6 +15,10 @@ _COLUMNS = ("at", "source", "what", "token", "worker", "job_id", "attempt", "own
             "request_id", "target", "status")  # fmt: skip
 
 
+# Reads and actions: the store must exist and be migrated (checked before `run`).
+NEEDS_EXISTING_STORE = True
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("subject", help="an entity (e.g. job:17, invoice_id:inv-1042) or a key")
     add_common(parser, tenant_default=None)

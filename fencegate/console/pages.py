@@ -9,7 +9,8 @@ from starlette.responses import Response
 from fencegate.console.web import Viewer, console_of, render
 from fencegate.operator_actions import key_fields, key_history
 from fencegate.problems import Problem
-from fencegate.store.inspect import JOB_STATES, KEY_STATES
+from fencegate.store.inspect import JOB_STATES
+from fencegate.store.key_states import KEY_STATES
 from fencegate.types import DEFAULT_TENANT
 
 PAGE_SIZE = 50
@@ -39,7 +40,7 @@ def _tenant_for(request: Request, viewer: Viewer) -> str | None:
 async def overview(request: Request, viewer: Viewer) -> Response:
     inspector = await console_of(request).inspector()
     data = await inspector.overview(tenant=viewer.tenant)
-    unknown = await inspector.keys(tenant=viewer.tenant, state="unknown", limit=25)
+    unknown = await inspector.keys(tenant=viewer.tenant, state="outcome_unknown", limit=25)
     return render(request, "overview.html", {"data": data, "unknown": unknown}, viewer=viewer)
 
 

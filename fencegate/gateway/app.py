@@ -19,7 +19,7 @@ from fencegate.gateway.proxy import ReverseProxy
 from fencegate.gateway.routes import RouteTable
 from fencegate.gateway.upstream import HttpUpstream
 from fencegate.store import GatewayStore, StoreUnavailable, open_gateway_store
-from fencegate.store.schema import require_schema
+from fencegate.store.schema import operator_store_argument, require_schema
 from fencegate.types import Authenticator, Receive, Scope, Send
 
 logger = logging.getLogger("fencegate.gateway")
@@ -97,6 +97,7 @@ class GatewayApplication:
             lease_seconds=settings.inflight_lease_seconds,
             store_timeout=settings.store_timeout,
             metrics=self.metrics,
+            store_argument=operator_store_argument(settings.database_url),
         )
         routes = RouteTable(self.config.policies(), default=self.config.default_policy())
         self._client = HttpUpstream()

@@ -14,6 +14,7 @@ import itertools
 import logging
 import math
 import os
+import shlex
 import socket
 import time
 import uuid
@@ -44,6 +45,7 @@ from fencegate.store.base import (
     StoredResponse,
     StoreUnavailable,
 )
+from fencegate.store.key_states import LEASE_EXPIRED, operator_state
 from fencegate.types import IncomingRequest
 
 logger = logging.getLogger("fencegate.gateway")
@@ -89,6 +91,7 @@ class Engine:
         lease_seconds: float = 30.0,
         store_timeout: float = 2.0,
         metrics: GatewayMetrics | None = None,
+        store_argument: str = "",
     ) -> None:
         if lease_seconds <= 0:
             raise ValueError("the in-flight lease must be longer than zero seconds")
@@ -99,6 +102,8 @@ class Engine:
         self.renew_every = self.lease_seconds / 3
         self.store_timeout = float(store_timeout)
         self.metrics = metrics
+        # How the resolve commands in a 424 name this store (`operator_store_argument`).
+        self.store_argument = store_argument
         # Writes owed to the store after the upstream acted, kept trying in the background.
         self.pending = PendingWrites(look_up=self._look_up)
         # Each reservation gets its own holder name (instance/request number): attempts
@@ -203,7 +208,7 @@ class Engine:
         if outcome is Outcome.IN_FLIGHT:
             raise in_flight(decision, policy.timeout)
         if outcome is Outcome.UNKNOWN:
-            raise outcome_unknown(decision, tenant, key)
+            raise outcome_unknown(decision, tenant, key, store_argument=self.store_argument)
         if outcome is Outcome.TAKEN_OVER:
             logger.warning("took over in-flight key %r whose lease had expired", key)
         assert decision.attempt is not None
@@ -449,23 +454,29 @@ def in_flight(decision: Decision, upstream_timeout: float) -> Problem:
     )
 
 
-def outcome_unknown(decision: Decision, tenant: str, key: str) -> Problem:
+def outcome_unknown(
+    decision: Decision, tenant: str, key: str, *, store_argument: str = ""
+) -> Problem:
     """Not "retry later" (409) nor a server error (5xx): common SDKs retry both on their own,
-    and a retry cannot help until an operator has resolved the key."""
-    if decision.key_state == "in_flight":
-        reason = "lease_expired"
+    and a retry cannot help until an operator has resolved the key. The reason and the
+    state use the operator's vocabulary (`fencegate.store.key_states`)."""
+    state, reason = operator_state(
+        decision.key_state or "outcome_unknown", lease_expired=decision.key_state == "in_flight"
+    )
+    if reason == LEASE_EXPIRED:
         why = (
             "the gateway that forwarded it stopped, or could not record the answer, before "
             "its in-flight lease ran out"
         )
     else:
-        reason = "upstream_timeout"
         why = "the upstream did not answer in time, or the connection was lost after sending"
     since = (
         datetime.fromtimestamp(decision.unknown_since, UTC).isoformat(timespec="seconds")
         if decision.unknown_since is not None
         else None
     )
+    command = f"fencegate keys resolve {shlex.quote(key)} --tenant {shlex.quote(tenant)}"
+    where = f" {store_argument}" if store_argument else ""
     return Problem(
         OUTCOME_UNKNOWN_STATUS,
         "outcome-unknown",
@@ -473,18 +484,18 @@ def outcome_unknown(decision: Decision, tenant: str, key: str) -> Problem:
         f"an earlier attempt with this Idempotency-Key was forwarded and may have run "
         f"upstream, but its answer was never recorded: {why}. It is not forwarded again. "
         f"An operator resolves the key by recording the upstream's real answer "
-        f"(fencegate keys resolve KEY --tenant TENANT --completed --status N --body @file) "
+        f"(fencegate keys resolve KEY --tenant TENANT --completed --status N --body @FILE) "
         f"or by releasing it so that the next request runs again "
         f"(fencegate keys resolve KEY --tenant TENANT --release).",
         key=key,
         tenant=tenant,
-        key_state="outcome_unknown",
+        key_state=state,
         reason=reason,
         since=since,
         attempt=decision.attempt,
         resolve=[
-            f"fencegate keys resolve {key} --tenant {tenant} --completed --status N",
-            f"fencegate keys resolve {key} --tenant {tenant} --release",
+            f"{command} --completed --status N --body @answer.json{where}",
+            f"{command} --release{where}",
         ],
     )
 

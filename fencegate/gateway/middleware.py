@@ -33,7 +33,7 @@ from fencegate.gateway.routes import RoutePolicy, RouteTable
 from fencegate.gateway.upstream import AppUpstream
 from fencegate.problems import Problem
 from fencegate.store import GatewayStore, open_gateway_store
-from fencegate.store.schema import SchemaMismatch, require_schema
+from fencegate.store.schema import SchemaMismatch, operator_store_argument, require_schema
 from fencegate.types import ASGIApp, Authenticator, Message, Receive, Scope, Send
 
 logger = logging.getLogger("fencegate.gateway")
@@ -138,6 +138,10 @@ class FencegateMiddleware:
                     lease_seconds=self._lease_seconds,
                     store_timeout=self._store_timeout,
                     metrics=self.metrics,
+                    # A store given without its URL: the 424 cannot say which one it is.
+                    store_argument=operator_store_argument(self._database_url)
+                    if self._owns_store or self._database_url
+                    else "",
                 )
                 self._pipeline = Pipeline(
                     engine=engine,

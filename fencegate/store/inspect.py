@@ -25,6 +25,7 @@ import orjson
 
 from fencegate.errors import StoreTimedOut, StoreUnavailable
 from fencegate.store.dburl import DatabaseURL, parse_database_url
+from fencegate.store.key_states import KEY_STATES
 from fencegate.store.pg import PgDatabase
 from fencegate.store.queries import Queries
 from fencegate.store.sqlite_db import SQLiteDatabase, write_transaction
@@ -32,7 +33,6 @@ from fencegate.store.sqlite_db import SQLiteDatabase, write_transaction
 Row = dict[str, Any]
 
 
-KEY_STATES = ("in_flight", "completed", "outcome_unknown", "unknown")
 JOB_STATES = ("queued", "running", "succeeded", "failed", "cancelled")
 
 
@@ -130,8 +130,6 @@ class Inspector:
             limit + 1,
             timeout=timeout,
         )
-        for row in rows:
-            row["unknown"] = bool(row["unknown"])
         more = len(rows) > limit
         rows = rows[:limit]
         next_cursor = f"{rows[-1]['tenant']}\x1f{rows[-1]['key']}" if more else None

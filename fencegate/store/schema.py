@@ -8,11 +8,13 @@ line at start-up rather than a 500 on every keyed request.
 
 from __future__ import annotations
 
+import shlex
 from typing import Literal
 from urllib.parse import urlsplit, urlunsplit
 
 from fencegate.errors import FencegateError
 from fencegate.store.base import GatewayStore
+from fencegate.store.dburl import parse_database_url
 from fencegate.store.migrations import migration_files
 
 
@@ -38,6 +40,18 @@ def redacted(url: str | None) -> str:
         return url
     netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
     return urlunsplit(parts._replace(netloc=netloc))
+
+
+def operator_store_argument(url: str | None) -> str:
+    """``--database-url …`` for the commands a 424 problem tells an operator to run. A SQLite
+    store is named by its absolute path (the operator's shell is rarely in the gateway's
+    directory); a PostgreSQL URL names internal hosts, so API clients are not told it: the
+    command reads the operator's own ``FENCEGATE_DATABASE_URL``."""
+    target = parse_database_url(url)
+    if target.kind == "sqlite":
+        assert target.sqlite_path is not None
+        return "--database-url " + shlex.quote(f"sqlite:///{target.sqlite_path.resolve()}")
+    return '--database-url "$FENCEGATE_DATABASE_URL"'
 
 
 def check_applied(

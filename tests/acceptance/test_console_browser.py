@@ -237,3 +237,24 @@ async def test_post_without_the_csrf_token_is_refused(
     record = await key_record(url)
     assert record is not None and record.state == "outcome_unknown"
     assert await audit_rows(url) == []
+
+
+async def test_state_filters_show_the_chosen_state_in_the_operators_vocabulary(
+    console: tuple[str, str, int], browser: Any
+) -> None:
+    _, base, _ = console
+    page = await signed_in(browser, base, "watcher")
+    await page.goto(f"{base}/keys")
+    await page.select_option("select[name=state]", "outcome_unknown")
+    await page.click("form.filters button[type=submit]")
+    await expect(page.locator("select[name=state]")).to_have_value("outcome_unknown")
+    row = page.locator("#keys tbody tr", has_text=KEY)
+    await expect(row).to_contain_text("outcome_unknown")
+    await expect(row).to_contain_text("upstream_timeout")
+    await page.goto(f"{base}/jobs")
+    await page.select_option("select[name=state]", "failed")
+    await page.click("form.filters button[type=submit]")
+    await expect(page.locator("select[name=state]")).to_have_value("failed")
+    await expect(page.locator("#jobs tbody tr")).to_have_count(1)
+    await page.goto(f"{base}/key?tenant=acme&key={KEY}")
+    await expect(page.locator("h1")).to_contain_text("upstream_timeout")

@@ -66,7 +66,7 @@ def test_trace_names_who_sent_each_request_and_which_was_fenced_off(
 def test_keys_list_show_and_resolve_with_an_audit_record(story: tuple[str, int, int, int]) -> None:
     url = story[0]
     key = "capture:inv-1:POST /v1/charges"
-    unknown = ok_json("keys", "list", "--state", "unknown", "--database-url", url)
+    unknown = ok_json("keys", "list", "--state", "outcome_unknown", "--database-url", url)
     assert [k["key"] for k in unknown["keys"]] == [key]
     shown = ok_json("keys", "show", key, "--tenant", "acme", "--database-url", url)
     assert shown["state"] == "outcome_unknown"
@@ -77,7 +77,8 @@ def test_keys_list_show_and_resolve_with_an_audit_record(story: tuple[str, int, 
         "--status", "201", "--body", '{"id": "ch_1"}', "--by", "night-op", "--reason", "ticket 7",
     )  # fmt: skip
     assert resolved.returncode == 0, resolved.stderr
-    assert ok_json("keys", "list", "--state", "unknown", "--database-url", url)["keys"] == []
+    still = ok_json("keys", "list", "--state", "outcome_unknown", "--database-url", url)
+    assert still["keys"] == []
     [audit] = asyncio.run(audit_rows(url))
     assert (audit["actor"], audit["action"], audit["subject"], audit["reason"]) == (
         "operator:night-op",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from fencegate.gateway.fingerprint import request_fingerprint
 from fencegate.lease import LeaseQueue
 from fencegate.store import DecideRequest, Reservation, open_gateway_store
 from tests.support.waits import wait_until
@@ -53,3 +54,32 @@ async def two_workers_one_fenced_off(url: str) -> tuple[int, int, int]:
     finally:
         await store.close()
         await queue.close()
+
+
+LEASE_EXPIRED_KEY = "refund:r-7:POST /v1/refunds"
+LEASE_EXPIRED_BODY = b'{"amount": 500}'
+
+
+async def gateway_stopped_in_flight(url: str) -> str:
+    """A gateway reserved a key, forwarded it, and stopped before recording the answer: the
+    key stays in flight until its lease runs out (by the database clock). Returns the key,
+    which belongs to the single-tenant gateway's tenant ``default``."""
+    store = await open_gateway_store(url, run_migrations=False)
+    try:
+        fingerprint = request_fingerprint("POST", "/v1/refunds", "", LEASE_EXPIRED_BODY)
+        reserved = await store.decide(
+            request(0, "gw-gone/1", LEASE_EXPIRED_KEY, "refund:r-7", tenant="default",
+                    fence=None, fingerprint=fingerprint, lease_seconds=0.3,
+                    target="/v1/refunds"),
+            timeout=30,
+        )  # fmt: skip
+        assert reserved.outcome == "reserved"
+
+        async def expired() -> bool:
+            record = await store.get_key("default", LEASE_EXPIRED_KEY, timeout=30)
+            return record is not None and record.unknown
+
+        await wait_until(expired, timeout=30, what="the in-flight lease running out")
+        return LEASE_EXPIRED_KEY
+    finally:
+        await store.close()

@@ -5,21 +5,27 @@
 SELECT extract(epoch FROM now())::float8 AS now;
 
 -- name: keys
--- Keys of one tenant (or all: $1 NULL), by state ('unknown' = marked so, or in flight with an
--- expired lease), newest key name first after the cursor.
-SELECT tenant, key, state::text AS state, owner, attempt, entity, fence,
+-- Keys of one tenant (or all: $1 NULL) by the operator's state (fencegate/store/key_states.py):
+-- an in-flight key whose lease ran out is outcome_unknown (reason lease_expired), like a key
+-- marked so (upstream_timeout). In key order after the cursor.
+SELECT tenant, key,
+    CASE WHEN state = 'in_flight' AND locked_until <= now() THEN 'outcome_unknown'
+         ELSE state::text END AS state,
+    CASE WHEN state = 'outcome_unknown' THEN 'upstream_timeout'
+         WHEN state = 'in_flight' AND locked_until <= now() THEN 'lease_expired' END AS reason,
+    owner, attempt, entity, fence,
     extract(epoch FROM locked_until)::float8 AS locked_until,
     extract(epoch FROM created_at)::float8 AS created_at,
     extract(epoch FROM completed_at)::float8 AS completed_at,
     extract(epoch FROM expires_at)::float8 AS expires_at,
-    response_status,
-    (state = 'outcome_unknown' OR (state = 'in_flight' AND locked_until <= now())) AS unknown
+    response_status
 FROM fencegate_idempotency_keys
 WHERE ($1::text IS NULL OR tenant = $1)
     AND ($2::text IS NULL
-         OR ($2 = 'unknown' AND (state = 'outcome_unknown'
-                                 OR (state = 'in_flight' AND locked_until <= now())))
-         OR state::text = $2)
+         OR ($2 = 'outcome_unknown' AND (state = 'outcome_unknown'
+                                         OR (state = 'in_flight' AND locked_until <= now())))
+         OR ($2 = 'in_flight' AND state = 'in_flight' AND locked_until > now())
+         OR ($2 = 'completed' AND state = 'completed'))
     AND ($3::text IS NULL OR (tenant, key) > ($4::text, $3::text))
 ORDER BY tenant, key
 LIMIT $5;

@@ -5,18 +5,27 @@
 SELECT (julianday('now') - 2440587.5) * 86400.0 AS now;
 
 -- name: keys
-SELECT tenant, key, state, owner, attempt, entity, fence, locked_until, created_at,
-    completed_at, expires_at, response_status,
-    (state = 'outcome_unknown'
-     OR (state = 'in_flight'
-         AND locked_until <= (julianday('now') - 2440587.5) * 86400.0)) AS unknown
+-- Keys by the operator's state (fencegate/store/key_states.py): an in-flight key whose lease
+-- ran out is outcome_unknown (reason lease_expired), like a key marked so (upstream_timeout).
+SELECT tenant, key,
+    CASE WHEN state = 'in_flight'
+              AND locked_until <= (julianday('now') - 2440587.5) * 86400.0
+         THEN 'outcome_unknown' ELSE state END AS state,
+    CASE WHEN state = 'outcome_unknown' THEN 'upstream_timeout'
+         WHEN state = 'in_flight'
+              AND locked_until <= (julianday('now') - 2440587.5) * 86400.0
+         THEN 'lease_expired' END AS reason,
+    owner, attempt, entity, fence, locked_until, created_at,
+    completed_at, expires_at, response_status
 FROM fencegate_idempotency_keys
 WHERE (?1 IS NULL OR tenant = ?1)
     AND (?2 IS NULL
-         OR (?2 = 'unknown' AND (state = 'outcome_unknown'
+         OR (?2 = 'outcome_unknown' AND (state = 'outcome_unknown'
              OR (state = 'in_flight'
                  AND locked_until <= (julianday('now') - 2440587.5) * 86400.0)))
-         OR state = ?2)
+         OR (?2 = 'in_flight' AND state = 'in_flight'
+             AND locked_until > (julianday('now') - 2440587.5) * 86400.0)
+         OR (?2 = 'completed' AND state = 'completed'))
     AND (?3 IS NULL OR (tenant, key) > (?4, ?3))
 ORDER BY tenant, key
 LIMIT ?5;
