@@ -19,7 +19,8 @@ machine hurts all alike. Then: Worker throughput with 1, 2 and 4 worker processe
 latency (idle workers waiting on LISTEN/NOTIFY, or on Redis for saq; one job enqueued; time
 until a tool holds it, or for the peers, until the task starts, from a timestamp in its payload);
 and recovery after SIGKILL of a Worker process holding a job (time until another claimer
-holds it; the lease's remaining time is the floor).
+holds it; the lease's remaining time is the floor). Last, the claim's cost against the
+backlog (`benchmarks/backlog.py`; alone with ``--only backlog``).
 
 Run from the repository root (server from ``FENCEGATE_BENCH_DATABASE_URL``, default
 postgresql://postgres@127.0.0.1:5432/postgres; Redis from ``FENCEGATE_BENCH_REDIS_URL``,
@@ -27,6 +28,7 @@ default redis://127.0.0.1:6379/0)::
 
     python -m benchmarks.queue [--jobs 5000] [--concurrency 10] [--processes 1 2 4]
                                [--rounds 3] [--samples 100] [--profile] [--no-peers]
+                               [--only backlog]
 
 With the defaults a whole run takes a few minutes on two cores.
 
@@ -59,6 +61,7 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 from prometheus_client import CollectorRegistry
 
+from benchmarks import backlog
 from benchmarks.cpu import backends_cpu, backends_spent
 from fencegate.lease import Lease, LeaseQueue, Worker
 from fencegate.lease.events import EventLog
@@ -970,8 +973,19 @@ def print_table(
 PEER_NAMES = {"saq": "saq Worker (Redis)", "procrastinate": "Procrastinate worker"}
 
 
+async def backlog_table(server: str) -> None:
+    async with contextlib.AsyncExitStack() as stack:
+        databases = [
+            await stack.enter_async_context(fresh_database(server)) for _ in backlog.BACKLOGS
+        ]
+        backlog.print_table(await backlog.measure(databases))
+
+
 async def run(args: argparse.Namespace) -> None:
     server = os.environ.get("FENCEGATE_BENCH_DATABASE_URL", DEFAULT_SERVER)
+    if args.only == "backlog":
+        await backlog_table(server)
+        return
     redis_url = os.environ.get("FENCEGATE_BENCH_REDIS_URL", DEFAULT_REDIS)
     concurrency = args.concurrency[0]
     runs: dict[str, Callable[[], Awaitable[Row]]] = {
@@ -1100,6 +1114,7 @@ async def run(args: argparse.Namespace) -> None:
     recovery = await worker_recovery(server, runs=3, lease_seconds=2.0)
     print_table(throughput, pickup, [median_row(rows) for rows in scaled.values()], recovery, args)
     print_shapes(shapes, args)
+    await backlog_table(server)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -1128,6 +1143,11 @@ def main(argv: list[str] | None = None) -> None:
         dest="peers",
         action="store_false",
         help="leave out saq and Procrastinate",
+    )
+    parser.add_argument(
+        "--only",
+        choices=["backlog"],
+        help="run one table alone (backlog: claim cost against the queue's depth)",
     )
     args = parser.parse_args(argv)
     if (

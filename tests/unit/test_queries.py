@@ -44,3 +44,44 @@ def test_the_inspector_runs_only_defined_queries(kind: StoreKind) -> None:
 def test_a_name_given_twice_is_refused() -> None:
     with pytest.raises(ValueError, match="defined twice"):
         parse_queries("-- name: a\nSELECT 1;\n-- name: a\nSELECT 2;\n")
+
+
+TEMPLATE = """
+-- template: pick
+-- The one statement.
+SELECT id FROM jobs WHERE /* TEMPLATE: kinds */ ORDER BY id;
+
+-- name: pick_one from pick
+-- A comment is allowed here.
+-- kinds: kind = $1
+
+-- name: pick_any from pick
+-- kinds: $1::text IS NULL
+"""
+
+
+def test_a_template_expands_into_each_variant() -> None:
+    parsed = parse_queries(TEMPLATE)
+    assert sorted(parsed) == ["pick_any", "pick_one"]  # the template itself is not a query
+    assert parsed["pick_one"].endswith("SELECT id FROM jobs WHERE kind = $1 ORDER BY id;")
+    assert "WHERE $1::text IS NULL ORDER BY" in parsed["pick_any"]
+    assert "TEMPLATE" not in parsed["pick_one"] + parsed["pick_any"]
+
+
+@pytest.mark.parametrize(
+    ("variant", "error"),
+    [
+        ("-- name: pick_two from pick\n-- kind: kind = $1\n", "fills \\['kind'\\]"),
+        ("-- name: pick_two from pick\n-- kinds: a\n-- other: b\n", "its template has"),
+        ("-- name: pick_two from pick\nkind = $1\n", "fills no slot"),
+        ("-- name: pick_two from nowhere\n-- kinds: a\n", "not a template above it"),
+    ],
+)
+def test_a_variant_that_does_not_fit_its_template_is_refused(variant: str, error: str) -> None:
+    with pytest.raises(ValueError, match=error):
+        parse_queries(TEMPLATE + variant)
+
+
+@pytest.mark.parametrize("kind", ["postgresql", "sqlite"])
+def test_no_loaded_query_keeps_an_unfilled_slot(kind: StoreKind) -> None:
+    assert not [name for name, sql in queries(kind).items() if "TEMPLATE:" in sql]

@@ -13,6 +13,7 @@ import asyncio
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -54,8 +55,44 @@ DECODING = Decoding(time=_time, json=_loads)
 
 
 def _kinds(kinds: Sequence[str] | None) -> str | None:
-    # One statement for any number of kinds: the list goes in as a JSON array (json_each).
+    # The kinds go in as a JSON array (json_each), or NULL for any kind.
     return None if kinds is None else orjson.dumps(list(kinds)).decode()
+
+
+@dataclass(frozen=True, slots=True)
+class _ClaimStatements:
+    """The claim's statements for one shape of kind filter (one, several, any)."""
+
+    fail_exhausted: str
+    expired: str
+    queued: str
+    ready: str
+
+
+_ONE_KIND = _ClaimStatements(
+    Q.lease_fail_exhausted_one_kind,
+    Q.lease_claimable_expired_one_kind,
+    Q.lease_claimable_queued_one_kind,
+    Q.lease_ready_one_kind,
+)
+_KINDS = _ClaimStatements(
+    Q.lease_fail_exhausted_kinds,
+    Q.lease_claimable_expired_kinds,
+    Q.lease_claimable_queued_kinds,
+    Q.lease_ready_kinds,
+)
+_ANY = _ClaimStatements(
+    Q.lease_fail_exhausted_any,
+    Q.lease_claimable_expired_any,
+    Q.lease_claimable_queued_any,
+    Q.lease_ready_any,
+)
+
+
+def _statements(kinds: Sequence[str] | None) -> _ClaimStatements:
+    if kinds is None:
+        return _ANY
+    return _ONE_KIND if len(kinds) == 1 else _KINDS
 
 
 def _held(lease: Lease, now: float) -> dict[str, Any]:
@@ -75,15 +112,21 @@ def _end_attempt(
     )
 
 
-def _claim(conn: sqlite3.Connection, owner_id: str, kinds: str | None, limit: int) -> list[Lease]:
+def _claim(
+    conn: sqlite3.Connection,
+    owner_id: str,
+    statements: _ClaimStatements,
+    kinds: str | None,
+    limit: int,
+) -> list[Lease]:
     now = _now(conn)
     which = {"now": now, "kinds": kinds}
-    for token, error in conn.execute(Q.lease_fail_exhausted, which).fetchall():
+    for token, error in conn.execute(statements.fail_exhausted, which).fetchall():
         _end_attempt(conn, token, now, "lease_expired", error)
-    candidates = conn.execute(Q.lease_claimable_expired, which | {"limit": limit}).fetchall()
+    candidates = conn.execute(statements.expired, which | {"limit": limit}).fetchall()
     if len(candidates) < limit:
         candidates += conn.execute(
-            Q.lease_claimable_queued, which | {"limit": limit - len(candidates)}
+            statements.queued, which | {"limit": limit - len(candidates)}
         ).fetchall()
     if not candidates:
         return []
@@ -252,9 +295,11 @@ class SQLiteDriver(Driver):
     async def claim(
         self, owner_id: str, kinds: Sequence[str] | None, limit: int, *, timeout: float
     ) -> list[Lease]:
-        encoded = _kinds(kinds)
+        encoded, statements = _kinds(kinds), _statements(kinds)
         return await self._run(
-            lambda conn: _claim(conn, owner_id, encoded, limit), timeout=timeout, write=True
+            lambda conn: _claim(conn, owner_id, statements, encoded, limit),
+            timeout=timeout,
+            write=True,
         )
 
     async def extend_many(
@@ -334,11 +379,11 @@ class SQLiteDriver(Driver):
 
     async def wait_for_work(self, kinds: Sequence[str] | None, *, timeout: float) -> bool:
         """Poll for claimable work every `POLL_SECONDS` (SQLite has no notifications)."""
-        encoded = _kinds(kinds)
+        encoded, statement = _kinds(kinds), _statements(kinds).ready
 
         def ready(conn: sqlite3.Connection) -> bool:
             which = {"now": _now(conn), "kinds": encoded}
-            return conn.execute(Q.lease_ready, which).fetchone() is not None
+            return conn.execute(statement, which).fetchone() is not None
 
         deadline = time.monotonic() + timeout
         for _ in range(max(int(timeout / POLL_SECONDS) + 2, 1)):

@@ -42,48 +42,62 @@ SELECT i.ord, COALESCE(n.id, j.id) AS id
   LEFT JOIN fencegate_jobs AS j ON j.idempotency_key = i.idempotency_key
  ORDER BY i.ord;
 
--- name: lease_claim_one_kind
+-- template: lease_claim
 -- One statement: fail the expired jobs that have no attempt left, grant leases on ready or
 -- expired jobs, close the expired attempts and open new ones. Expired leases first (they have
 -- waited longest; ties in id order), then queued work in id order, each from its own partial
--- index; the queued scan only looks for (and locks) what is still missing.
+-- index. Both scans take a constant LIMIT (a computed one is guessed at a tenth of the
+-- table), so when expired leases fill the batch a queued row may be locked and not granted:
+-- only for this statement, and a concurrent claimer skips it as any locked row.
 -- Tokens come from the one sequence and, within the batch, follow the job id: the n-th
 -- smallest id gets the n-th smallest token, whatever order the UPDATE visits its rows in.
--- $1 owner, $2 the kind, $3 limit. The three claim queries differ only in the kind filter:
--- one kind walks the (kind, id) index in order; several kinds or any kind walk (id).
+-- $1 owner, $2 the kind filter's argument, $3 limit; the variants below differ only in the
+-- kind filter: one kind walks the (kind, id) index in order, several or any walk (id).
+-- Cost must not grow with the backlog: a plan made without the limit's value (a generic
+-- plan) guesses a tenth of the table for a LIMIT, so every write finds the rows it touches
+-- through `= ANY(ARRAY(...))` on a primary key, which is always an index lookup, never a
+-- hash join over a scan of the table (tests/integration/lease/test_claim_plan.py reads the
+-- plans).
 WITH exhausted AS (
     UPDATE fencegate_jobs AS j
        SET state = 'failed', lease_until = NULL, updated_at = now(),
            error = to_jsonb(format('lease expired on attempt %s of %s', j.attempt,
                                    j.max_attempts))
-     WHERE j.id IN (SELECT id FROM fencegate_jobs
-                     WHERE state = 'running' AND lease_until < now()
-                       AND attempt >= max_attempts AND kind = $2::text
-                       FOR UPDATE SKIP LOCKED)
+     WHERE j.id = ANY(ARRAY(SELECT id FROM fencegate_jobs
+                             WHERE state = 'running' AND lease_until < now()
+                               AND attempt >= max_attempts AND /* TEMPLATE: kinds */
+                               FOR UPDATE SKIP LOCKED))
     RETURNING j.fencing_token, j.error
 ),
 expired AS (
     SELECT id, fencing_token AS previous_token,
            to_jsonb(format('lease expired on attempt %s of %s', attempt, max_attempts))
-               AS expiry_error
+               AS expiry_error,
+           0 AS pass, lease_until AS expired_at
       FROM fencegate_jobs
      WHERE state = 'running' AND lease_until < now() AND attempt < max_attempts
-       AND kind = $2::text
+       AND /* TEMPLATE: kinds */
      ORDER BY lease_until, id
      LIMIT $3
        FOR UPDATE SKIP LOCKED
 ),
 queued AS (
-    SELECT id, fencing_token AS previous_token, NULL::jsonb AS expiry_error
+    SELECT id, fencing_token AS previous_token, NULL::jsonb AS expiry_error,
+           1 AS pass, NULL::timestamptz AS expired_at
       FROM fencegate_jobs
-     WHERE state = 'queued' AND run_after <= now() AND kind = $2::text
+     WHERE state = 'queued' AND run_after <= now() AND /* TEMPLATE: kinds */
      ORDER BY id
-     LIMIT $3 - (SELECT count(*) FROM expired)
+     LIMIT $3
        FOR UPDATE SKIP LOCKED
 ),
+chosen AS (
+    SELECT * FROM expired UNION ALL SELECT * FROM queued
+     ORDER BY pass, expired_at, id
+     LIMIT $3
+),
 numbered AS (
-    SELECT c.*, row_number() OVER (ORDER BY c.id) AS n
-      FROM (SELECT * FROM expired UNION ALL SELECT * FROM queued) AS c
+    SELECT c.id, c.previous_token, c.expiry_error, row_number() OVER (ORDER BY c.id) AS n
+      FROM chosen AS c
 ),
 tokens AS (
     SELECT t.token, row_number() OVER (ORDER BY t.token) AS n
@@ -96,17 +110,20 @@ granted AS (
            heartbeat_at = now(), attempt = j.attempt + 1, updated_at = now(),
            error = COALESCE(c.expiry_error, j.error)
       FROM numbered AS c JOIN tokens AS t ON t.n = c.n
-     WHERE j.id = c.id
+     WHERE j.id = ANY(ARRAY(SELECT id FROM numbered)) AND j.id = c.id
     RETURNING j.*, c.previous_token, c.expiry_error
+),
+ended AS (
+    SELECT fencing_token, error FROM exhausted
+    UNION ALL
+    SELECT previous_token, expiry_error FROM granted WHERE expiry_error IS NOT NULL
 ),
 expired_attempts AS (
     UPDATE fencegate_job_attempts AS a
        SET ended_at = now(), outcome = 'lease_expired', error = e.error
-      FROM (SELECT fencing_token, error FROM exhausted
-            UNION ALL
-            SELECT previous_token, expiry_error FROM granted
-             WHERE expiry_error IS NOT NULL) AS e
-     WHERE a.fencing_token = e.fencing_token AND a.ended_at IS NULL
+      FROM ended AS e
+     WHERE a.fencing_token = ANY(ARRAY(SELECT fencing_token FROM ended))
+       AND a.fencing_token = e.fencing_token AND a.ended_at IS NULL
 ),
 opened AS (
     INSERT INTO fencegate_job_attempts (fencing_token, job_id, attempt, owner_id, claimed_at)
@@ -117,141 +134,15 @@ SELECT id, kind, owner_id, fencing_token, lease_until, lease_seconds, heartbeat_
        tool_timeout_seconds
   FROM granted ORDER BY id;
 
--- name: lease_claim_kinds
--- lease_claim_one_kind for several kinds: $2 is an array.
-WITH exhausted AS (
-    UPDATE fencegate_jobs AS j
-       SET state = 'failed', lease_until = NULL, updated_at = now(),
-           error = to_jsonb(format('lease expired on attempt %s of %s', j.attempt,
-                                   j.max_attempts))
-     WHERE j.id IN (SELECT id FROM fencegate_jobs
-                     WHERE state = 'running' AND lease_until < now()
-                       AND attempt >= max_attempts AND kind = ANY($2::text[])
-                       FOR UPDATE SKIP LOCKED)
-    RETURNING j.fencing_token, j.error
-),
-expired AS (
-    SELECT id, fencing_token AS previous_token,
-           to_jsonb(format('lease expired on attempt %s of %s', attempt, max_attempts))
-               AS expiry_error
-      FROM fencegate_jobs
-     WHERE state = 'running' AND lease_until < now() AND attempt < max_attempts
-       AND kind = ANY($2::text[])
-     ORDER BY lease_until, id
-     LIMIT $3
-       FOR UPDATE SKIP LOCKED
-),
-queued AS (
-    SELECT id, fencing_token AS previous_token, NULL::jsonb AS expiry_error
-      FROM fencegate_jobs
-     WHERE state = 'queued' AND run_after <= now() AND kind = ANY($2::text[])
-     ORDER BY id
-     LIMIT $3 - (SELECT count(*) FROM expired)
-       FOR UPDATE SKIP LOCKED
-),
-numbered AS (
-    SELECT c.*, row_number() OVER (ORDER BY c.id) AS n
-      FROM (SELECT * FROM expired UNION ALL SELECT * FROM queued) AS c
-),
-tokens AS (
-    SELECT t.token, row_number() OVER (ORDER BY t.token) AS n
-      FROM (SELECT nextval('fencegate_fencing_tokens') AS token FROM numbered) AS t
-),
-granted AS (
-    UPDATE fencegate_jobs AS j
-       SET state = 'running', owner_id = $1, fencing_token = t.token,
-           lease_until = now() + make_interval(secs => j.lease_seconds),
-           heartbeat_at = now(), attempt = j.attempt + 1, updated_at = now(),
-           error = COALESCE(c.expiry_error, j.error)
-      FROM numbered AS c JOIN tokens AS t ON t.n = c.n
-     WHERE j.id = c.id
-    RETURNING j.*, c.previous_token, c.expiry_error
-),
-expired_attempts AS (
-    UPDATE fencegate_job_attempts AS a
-       SET ended_at = now(), outcome = 'lease_expired', error = e.error
-      FROM (SELECT fencing_token, error FROM exhausted
-            UNION ALL
-            SELECT previous_token, expiry_error FROM granted
-             WHERE expiry_error IS NOT NULL) AS e
-     WHERE a.fencing_token = e.fencing_token AND a.ended_at IS NULL
-),
-opened AS (
-    INSERT INTO fencegate_job_attempts (fencing_token, job_id, attempt, owner_id, claimed_at)
-    SELECT fencing_token, id, attempt, owner_id, now() FROM granted
-)
-SELECT id, kind, owner_id, fencing_token, lease_until, lease_seconds, heartbeat_seconds,
-       attempt, max_attempts, payload, idempotency_key, stage_timeout_seconds,
-       tool_timeout_seconds
-  FROM granted ORDER BY id;
+-- name: lease_claim_one_kind from lease_claim
+-- kinds: kind = $2::text
 
--- name: lease_claim_any
--- lease_claim_one_kind for any kind: $2 is NULL (kept so all three take the same arguments).
-WITH exhausted AS (
-    UPDATE fencegate_jobs AS j
-       SET state = 'failed', lease_until = NULL, updated_at = now(),
-           error = to_jsonb(format('lease expired on attempt %s of %s', j.attempt,
-                                   j.max_attempts))
-     WHERE j.id IN (SELECT id FROM fencegate_jobs
-                     WHERE state = 'running' AND lease_until < now()
-                       AND attempt >= max_attempts AND $2::text[] IS NULL
-                       FOR UPDATE SKIP LOCKED)
-    RETURNING j.fencing_token, j.error
-),
-expired AS (
-    SELECT id, fencing_token AS previous_token,
-           to_jsonb(format('lease expired on attempt %s of %s', attempt, max_attempts))
-               AS expiry_error
-      FROM fencegate_jobs
-     WHERE state = 'running' AND lease_until < now() AND attempt < max_attempts
-       AND $2::text[] IS NULL
-     ORDER BY lease_until, id
-     LIMIT $3
-       FOR UPDATE SKIP LOCKED
-),
-queued AS (
-    SELECT id, fencing_token AS previous_token, NULL::jsonb AS expiry_error
-      FROM fencegate_jobs
-     WHERE state = 'queued' AND run_after <= now() AND $2::text[] IS NULL
-     ORDER BY id
-     LIMIT $3 - (SELECT count(*) FROM expired)
-       FOR UPDATE SKIP LOCKED
-),
-numbered AS (
-    SELECT c.*, row_number() OVER (ORDER BY c.id) AS n
-      FROM (SELECT * FROM expired UNION ALL SELECT * FROM queued) AS c
-),
-tokens AS (
-    SELECT t.token, row_number() OVER (ORDER BY t.token) AS n
-      FROM (SELECT nextval('fencegate_fencing_tokens') AS token FROM numbered) AS t
-),
-granted AS (
-    UPDATE fencegate_jobs AS j
-       SET state = 'running', owner_id = $1, fencing_token = t.token,
-           lease_until = now() + make_interval(secs => j.lease_seconds),
-           heartbeat_at = now(), attempt = j.attempt + 1, updated_at = now(),
-           error = COALESCE(c.expiry_error, j.error)
-      FROM numbered AS c JOIN tokens AS t ON t.n = c.n
-     WHERE j.id = c.id
-    RETURNING j.*, c.previous_token, c.expiry_error
-),
-expired_attempts AS (
-    UPDATE fencegate_job_attempts AS a
-       SET ended_at = now(), outcome = 'lease_expired', error = e.error
-      FROM (SELECT fencing_token, error FROM exhausted
-            UNION ALL
-            SELECT previous_token, expiry_error FROM granted
-             WHERE expiry_error IS NOT NULL) AS e
-     WHERE a.fencing_token = e.fencing_token AND a.ended_at IS NULL
-),
-opened AS (
-    INSERT INTO fencegate_job_attempts (fencing_token, job_id, attempt, owner_id, claimed_at)
-    SELECT fencing_token, id, attempt, owner_id, now() FROM granted
-)
-SELECT id, kind, owner_id, fencing_token, lease_until, lease_seconds, heartbeat_seconds,
-       attempt, max_attempts, payload, idempotency_key, stage_timeout_seconds,
-       tool_timeout_seconds
-  FROM granted ORDER BY id;
+-- name: lease_claim_kinds from lease_claim
+-- kinds: kind = ANY($2::text[])
+
+-- name: lease_claim_any from lease_claim
+-- $2 is NULL, so that all three take the same arguments.
+-- kinds: $2::text[] IS NULL
 
 -- name: lease_extend_many
 -- j.id = ANY($1) lets the planner use the primary key before joining the unnest.

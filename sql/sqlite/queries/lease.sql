@@ -27,33 +27,68 @@ RETURNING id;
 -- name: lease_job_by_key
 SELECT id FROM fencegate_jobs WHERE idempotency_key = :idempotency_key;
 
--- name: lease_fail_exhausted
--- Expired leases with no attempt left fail instead of going back to work.
+-- template: lease_fail_exhausted
+-- Expired leases with no attempt left fail instead of going back to work. This and the
+-- other claim statements below come in three variants that differ only in the kind filter
+-- (:kinds is a JSON array of kinds, or NULL for any): one kind searches the (kind, id)
+-- index, several or any walk the (id) index of queued work in order and stop at the limit,
+-- so that the cost does not grow with the backlog or with the finished jobs before it
+-- (tests/integration/lease/test_claim_plan.py reads the plans).
 UPDATE fencegate_jobs
    SET state = 'failed', lease_until = NULL, updated_at = :now,
        error = json_quote('lease expired on attempt ' || attempt || ' of ' || max_attempts)
  WHERE state = 'running' AND lease_until < :now AND attempt >= max_attempts
-   AND (:kinds IS NULL OR kind IN (SELECT value FROM json_each(:kinds)))
+   AND /* TEMPLATE: kinds */
 RETURNING fencing_token, error;
 
--- name: lease_claimable_expired
+-- name: lease_fail_exhausted_one_kind from lease_fail_exhausted
+-- kinds: kind = json_extract(:kinds, '$[0]')
+
+-- name: lease_fail_exhausted_kinds from lease_fail_exhausted
+-- kinds: kind IN (SELECT value FROM json_each(:kinds))
+
+-- name: lease_fail_exhausted_any from lease_fail_exhausted
+-- kinds: :kinds IS NULL
+
+-- template: lease_claimable_expired
 -- Expired leases are taken first: they have waited longest (ties in id order).
 SELECT id, state, fencing_token, attempt, max_attempts,
        json_quote('lease expired on attempt ' || attempt || ' of ' || max_attempts)
            AS expiry_error
   FROM fencegate_jobs
  WHERE state = 'running' AND lease_until < :now AND attempt < max_attempts
-   AND (:kinds IS NULL OR kind IN (SELECT value FROM json_each(:kinds)))
+   AND /* TEMPLATE: kinds */
  ORDER BY lease_until, id
  LIMIT :limit;
 
--- name: lease_claimable_queued
+-- name: lease_claimable_expired_one_kind from lease_claimable_expired
+-- kinds: kind = json_extract(:kinds, '$[0]')
+
+-- name: lease_claimable_expired_kinds from lease_claimable_expired
+-- kinds: kind IN (SELECT value FROM json_each(:kinds))
+
+-- name: lease_claimable_expired_any from lease_claimable_expired
+-- kinds: :kinds IS NULL
+
+-- template: lease_claimable_queued
 SELECT id, state, fencing_token, attempt, max_attempts, NULL AS expiry_error
-  FROM fencegate_jobs
- WHERE state = 'queued' AND run_after <= :now
-   AND (:kinds IS NULL OR kind IN (SELECT value FROM json_each(:kinds)))
+  FROM fencegate_jobs /* TEMPLATE: index */
+ WHERE state = 'queued' AND run_after <= :now AND /* TEMPLATE: kinds */
  ORDER BY id
  LIMIT :limit;
+
+-- name: lease_claimable_queued_one_kind from lease_claimable_queued
+-- index: INDEXED BY fencegate_jobs_queued
+-- kinds: kind = json_extract(:kinds, '$[0]')
+
+-- name: lease_claimable_queued_kinds from lease_claimable_queued
+-- Left to itself the planner may read the whole table in rowid order, finished jobs too.
+-- index: INDEXED BY fencegate_jobs_queued_any
+-- kinds: kind IN (SELECT value FROM json_each(:kinds))
+
+-- name: lease_claimable_queued_any from lease_claimable_queued
+-- index: INDEXED BY fencegate_jobs_queued_any
+-- kinds: :kinds IS NULL
 
 -- name: lease_take_tokens
 -- A block of :count tokens from the one counter; the driver hands them out in job id order.
@@ -174,10 +209,23 @@ RETURNING 1;
 -- under another token it does not.
 SELECT 1 FROM fencegate_job_stages WHERE job_id = :id AND name = :name AND fencing_token = :token;
 
--- name: lease_ready
--- Claimable work exists (SQLite has no notifications: wait_for_work polls this).
-SELECT 1 FROM fencegate_jobs
- WHERE ((state = 'queued' AND run_after <= :now)
-        OR (state = 'running' AND lease_until < :now))
-   AND (:kinds IS NULL OR kind IN (SELECT value FROM json_each(:kinds)))
- LIMIT 1;
+-- template: lease_ready
+-- Claimable work exists (SQLite has no notifications: wait_for_work polls this). Two
+-- searches, each on its own partial index, rather than one scan of the whole table.
+SELECT 1
+ WHERE EXISTS (SELECT 1 FROM fencegate_jobs /* TEMPLATE: index */
+                WHERE state = 'queued' AND run_after <= :now AND /* TEMPLATE: kinds */)
+    OR EXISTS (SELECT 1 FROM fencegate_jobs
+                WHERE state = 'running' AND lease_until < :now AND /* TEMPLATE: kinds */);
+
+-- name: lease_ready_one_kind from lease_ready
+-- index: INDEXED BY fencegate_jobs_queued
+-- kinds: kind = json_extract(:kinds, '$[0]')
+
+-- name: lease_ready_kinds from lease_ready
+-- index: INDEXED BY fencegate_jobs_queued_any
+-- kinds: kind IN (SELECT value FROM json_each(:kinds))
+
+-- name: lease_ready_any from lease_ready
+-- index: INDEXED BY fencegate_jobs_queued_any
+-- kinds: :kinds IS NULL

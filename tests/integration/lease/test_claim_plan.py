@@ -1,0 +1,181 @@
+"""A claim costs the same whatever the backlog: read the plans the stores make for every claim
+variant (one kind, several, any) on a table of a few thousand queued jobs, a few thousand
+finished ones and some expired leases, after ANALYZE.
+
+What must never come back: a sequential scan of the jobs (or attempts) table, or a write fed
+by a row estimate that grows with the backlog (the planner once guessed a tenth of the table
+for a computed LIMIT and hash-joined the whole table into the claim's UPDATE).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterator
+from typing import Any
+
+import asyncpg
+import pytest
+
+from fencegate.store.queries import queries
+
+QUEUED = 4000
+FINISHED = 3000
+EXPIRED = 20
+LIMIT = 10
+# A claim of LIMIT jobs touches tens of rows; a tenth of the backlog is hundreds.
+SMALL = 100
+
+JOB_COLUMNS = (
+    "kind, state, owner_id, lease_until, fencing_token, attempt, idempotency_key, max_attempts,"
+    " lease_seconds, heartbeat_seconds, jitter_seconds"
+)
+
+# Each PostgreSQL variant, its kind filter's type, and the argument given.
+PG_VARIANTS = {
+    "lease_claim_one_kind": ("text", "'k'"),
+    "lease_claim_kinds": ("text[]", "ARRAY['k', 'other']"),
+    "lease_claim_any": ("text[]", "NULL"),
+}
+
+
+def _nodes(
+    node: dict[str, Any], *, under_limit: bool = False
+) -> Iterator[tuple[dict[str, Any], bool]]:
+    """Every plan node, and whether a Limit above it stops it (an index scan under a Limit
+    estimates all the rows of its index, but is read only until the Limit is met)."""
+    yield node, under_limit
+    below = under_limit or node["Node Type"] == "Limit"
+    for child in node.get("Plans", []):
+        yield from _nodes(child, under_limit=below)
+
+
+def _describe(node: dict[str, Any]) -> str:
+    where = node.get("Relation Name") or node.get("Subplan Name") or ""
+    return f"{node['Node Type']} {where} (rows={node['Plan Rows']})"
+
+
+async def _seed_postgres(url: str) -> None:
+    conn = await asyncpg.connect(url)
+    try:
+        await conn.execute(
+            f"""
+            INSERT INTO fencegate_jobs ({JOB_COLUMNS})
+            SELECT CASE WHEN g % 2 = 0 THEN 'k' ELSE 'other' END, 'queued', NULL, NULL, NULL,
+                   0, 'q:' || g, 5, 90, 30, 20
+              FROM generate_series(1, {QUEUED}) AS g;
+            INSERT INTO fencegate_jobs ({JOB_COLUMNS})
+            SELECT 'k', 'succeeded', 'w', NULL, g, 1, 's:' || g, 5, 90, 30, 20
+              FROM generate_series(1, {FINISHED}) AS g;
+            INSERT INTO fencegate_jobs ({JOB_COLUMNS})
+            SELECT 'k', 'running', 'w', now() - interval '1 minute', {FINISHED} + g,
+                   CASE WHEN g % 2 = 0 THEN 5 ELSE 1 END, 'r:' || g, 5, 90, 30, 20
+              FROM generate_series(1, {EXPIRED}) AS g;
+            INSERT INTO fencegate_job_attempts (fencing_token, job_id, attempt, owner_id)
+            SELECT fencing_token, id, attempt, owner_id FROM fencegate_jobs
+             WHERE fencing_token IS NOT NULL;
+            SELECT setval('fencegate_fencing_tokens', {FINISHED + EXPIRED});
+            ANALYZE fencegate_jobs;
+            ANALYZE fencegate_job_attempts;
+            """  # noqa: S608 (constants of this module)
+        )
+    finally:
+        await conn.close()
+
+
+async def _pg_plan(url: str, name: str, mode: str) -> dict[str, Any]:
+    kind_type, kind_arg = PG_VARIANTS[name]
+    conn = await asyncpg.connect(url)
+    try:
+        # A custom plan is what the server makes for a statement's first executions (the
+        # values known); a generic plan is what it may switch to after them.
+        await conn.execute(f"SET plan_cache_mode = {mode}")
+        await conn.execute(
+            f"PREPARE claim(text, {kind_type}, int) AS {queries('postgresql')[name]}"
+        )
+        raw = await conn.fetchval(f"EXPLAIN (FORMAT JSON) EXECUTE claim('w', {kind_arg}, {LIMIT})")
+    finally:
+        await conn.close()
+    plan: dict[str, Any] = json.loads(raw)[0]["Plan"]
+    return plan
+
+
+@pytest.fixture
+async def seeded_pg(pg_url: str) -> str:
+    await _seed_postgres(pg_url)
+    return pg_url
+
+
+@pytest.mark.parametrize("mode", ["force_custom_plan", "force_generic_plan"])
+@pytest.mark.parametrize("name", sorted(PG_VARIANTS))
+async def test_postgres_claims_from_indexes_only(seeded_pg: str, name: str, mode: str) -> None:
+    plan = await _pg_plan(seeded_pg, name, mode)
+    nodes = list(_nodes(plan))
+    scanned = [
+        _describe(node)
+        for node, _ in nodes
+        if node["Node Type"] == "Seq Scan"
+        and node.get("Relation Name") in ("fencegate_jobs", "fencegate_job_attempts")
+    ]
+    assert not scanned, f"{name} ({mode}) reads a whole table: {scanned}"
+    writes = [
+        _describe(node)
+        for node, _ in nodes
+        if node["Node Type"] == "ModifyTable" and node["Plan Rows"] > SMALL
+    ]
+    assert not writes, (
+        f"{name} ({mode}) expects to write rows in proportion to the backlog: {writes}"
+    )
+    if mode == "force_custom_plan":
+        # With the limit known, nothing but the index walks a Limit stops may expect more
+        # than a batch's worth of rows.
+        large = [
+            _describe(node) for node, stopped in nodes if not stopped and node["Plan Rows"] > SMALL
+        ]
+        assert not large, f"{name} expects rows in proportion to the backlog: {large}"
+
+
+# SQLite: the claim is a few statements in one transaction; each variant of each.
+SQLITE_STATEMENTS = (
+    "lease_fail_exhausted",
+    "lease_claimable_expired",
+    "lease_claimable_queued",
+    "lease_ready",
+)
+SQLITE_KINDS = {"one_kind": '["k"]', "kinds": '["k", "other"]', "any": None}
+
+
+@pytest.fixture
+def seeded_sqlite(sqlite_url: str) -> Iterator[sqlite3.Connection]:
+    conn = sqlite3.connect(sqlite_url.removeprefix("sqlite:///"))
+    with conn:
+        conn.execute(
+            f"""
+            INSERT INTO fencegate_jobs ({JOB_COLUMNS}, run_after, created_at, updated_at)
+            WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g
+                                     WHERE n < {FINISHED + QUEUED})
+            SELECT CASE WHEN n % 2 = 0 THEN 'k' ELSE 'other' END,
+                   CASE WHEN n <= {FINISHED} THEN 'succeeded' ELSE 'queued' END,
+                   NULL, NULL, NULL, 0, 'j:' || n, 5, 90, 30, 20, 0, 0, 0
+              FROM g
+            """  # noqa: S608 (constants of this module)
+        )
+        conn.execute("ANALYZE")
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("variant", sorted(SQLITE_KINDS))
+@pytest.mark.parametrize("statement", SQLITE_STATEMENTS)
+def test_sqlite_claims_from_indexes_only(
+    seeded_sqlite: sqlite3.Connection, statement: str, variant: str
+) -> None:
+    sql = queries("sqlite")[f"{statement}_{variant}"]
+    args = {"now": 1e10, "kinds": SQLITE_KINDS[variant], "limit": LIMIT}
+    steps = [row[3] for row in seeded_sqlite.execute(f"EXPLAIN QUERY PLAN {sql}", args)]
+    # "SCAN fencegate_jobs" alone reads the whole table (finished jobs too); a temporary
+    # B-tree for ORDER BY sorts every match before the LIMIT.
+    whole = [s for s in steps if s == "SCAN fencegate_jobs" or "TEMP B-TREE FOR ORDER BY" in s]
+    assert not whole, f"{statement}_{variant} reads in proportion to the table: {steps}"
