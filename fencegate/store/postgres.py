@@ -76,31 +76,43 @@ def step_arguments(
     records: Sequence[tuple[Reservation, StoredResponse]],
     *,
     history: bool,
-) -> tuple[Any, ...]:
-    """The ``step`` query's parameters for a batch, column by column."""
+) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]], bool]:
+    """The ``step`` query's parameters for a batch: one typed record per decision
+    (``fencegate_decide_step``) and per answer to record (``fencegate_record_step``), each
+    field in the order of its type."""
     return (
-        [r.tenant for r in decides],
-        [r.key for r in decides],
-        [r.fingerprint for r in decides],
-        [r.entity for r in decides],
-        [r.fence for r in decides],
-        [r.owner for r in decides],
-        [float(r.lease_seconds) for r in decides],
-        [float(r.ttl_seconds) for r in decides],
-        [r.retry_unknown for r in decides],
-        [r.tenant for r, _ in records],
-        [r.key for r, _ in records],
-        [r.owner for r, _ in records],
-        [r.attempt for r, _ in records],
-        [a.status for _, a in records],
-        [orjson.dumps(a.headers).decode() for _, a in records],
-        [a.body for _, a in records],
-        [a.sha256 for _, a in records],
-        [a.body is None for _, a in records],
-        [r.request_id for r in decides],
-        [r.method for r in decides],
-        [r.target for r in decides],
-        [r.request_id for r, _ in records],
+        [
+            (
+                r.tenant,
+                r.key,
+                r.fingerprint,
+                r.entity,
+                r.fence,
+                r.owner,
+                float(r.lease_seconds),
+                float(r.ttl_seconds),
+                r.retry_unknown,
+                r.request_id,
+                r.method,
+                r.target,
+            )
+            for r in decides
+        ],
+        [
+            (
+                r.tenant,
+                r.key,
+                r.owner,
+                r.attempt,
+                a.status,
+                orjson.dumps(a.headers).decode(),
+                a.body,
+                a.sha256,
+                a.body is None,
+                r.request_id,
+            )
+            for r, a in records
+        ],
         history,
     )
 

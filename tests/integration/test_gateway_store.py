@@ -517,3 +517,35 @@ async def test_an_abandoned_decision_is_released_by_its_owner_whatever_the_attem
     assert await store.release_abandoned(Reservation("t1", "k", "gw-a/2", 0), timeout=T)
     assert await store.get_key("t1", "k", timeout=T) is None
     assert not await store.release_abandoned(Reservation("t1", "k", "gw-a/2", 0), timeout=T)
+
+
+async def test_each_decision_and_recorded_answer_leaves_its_history_row(
+    store: GatewayStore, store_url: str
+) -> None:
+    """Written by the decision's own statement or transaction: who asked, with which key,
+    entity and fence, what was decided, and the status of the answer recorded."""
+    fenced = replace(
+        BASE, key="hk", entity="inv:1", fence=7, request_id="req-1", method="POST",
+        target="/charges",
+    )  # fmt: skip
+    first = await store.decide(fenced, timeout=T)
+    reservation = Reservation("t1", "hk", "gw-a", first.attempt or 0, "req-2")
+    assert await store.complete(reservation, RESPONSE, timeout=T)
+    again = replace(fenced, owner="gw-b", entity=None, fence=None, request_id="req-3")
+    assert (await store.decide(again, timeout=T)).outcome is Outcome.REPLAY
+    inspector = await Inspector.open(store_url)
+    try:
+        trace = await inspector.trace("hk", tenant="t1", timeout=T)
+    finally:
+        await inspector.close()
+    rows = [
+        (e["what"], e["entity"], e["token"], e["attempt"], e["owner"], e["request_id"],
+         e["method"], e["target"], e["status"])
+        for e in trace.events
+        if e["source"] == "gateway"
+    ]  # fmt: skip
+    assert rows == [
+        ("reserved", "inv:1", 7, 1, "gw-a", "req-1", "POST", "/charges", None),
+        ("completed", "inv:1", 7, 1, "gw-a", "req-2", None, None, 201),
+        ("replay", None, None, 1, "gw-b", "req-3", "POST", "/charges", None),
+    ]

@@ -1,50 +1,12 @@
 -- The gateway store's statements on PostgreSQL (fencegate/store/postgres.py runs them by name).
 
 -- name: step
--- One round trip of a gateway: the decisions and recorded answers that queued up, in one
--- transaction (fencegate_step), and their rows in the decision history in the same
--- statement. $1-$9 and $19-$21: decisions; $10-$18 and $22: recorded answers; $23: whether
--- the history is kept; $24: the caller's remaining milliseconds (the step rolls back rather
--- than commit after the caller gave up).
-WITH step AS (
-    SELECT * FROM fencegate_step(
-        $1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::text[],
-        $7::double precision[], $8::double precision[], $9::boolean[],
-        $10::text[], $11::text[], $12::text[], $13::integer[], $14::integer[], $15::text[],
-        $16::bytea[], $17::text[], $18::boolean[], $24::double precision)
-), history AS (
-    INSERT INTO fencegate_decisions (
-        tenant, entity, key, fence, decision, attempt, owner, request_id, method, target,
-        upstream_status, expires_at)
-    SELECT
-        CASE WHEN s.d_index > 0 THEN ($1::text[])[s.d_index] ELSE ($10::text[])[-s.d_index] END,
-        CASE WHEN s.d_index > 0 THEN ($4::text[])[s.d_index] ELSE s.d_entity END,
-        CASE WHEN s.d_index > 0 THEN ($2::text[])[s.d_index] ELSE ($11::text[])[-s.d_index] END,
-        CASE WHEN s.d_index > 0 THEN ($5::bigint[])[s.d_index] ELSE s.d_fence END,
-        s.d_outcome,
-        CASE WHEN s.d_index > 0 THEN s.d_attempt ELSE ($13::integer[])[-s.d_index] END,
-        CASE WHEN s.d_index > 0 THEN ($6::text[])[s.d_index] ELSE ($12::text[])[-s.d_index] END,
-        CASE WHEN s.d_index > 0 THEN ($19::text[])[s.d_index]
-             ELSE ($22::text[])[-s.d_index] END,
-        CASE WHEN s.d_index > 0 THEN ($20::text[])[s.d_index] END,
-        CASE WHEN s.d_index > 0 THEN ($21::text[])[s.d_index] END,
-        CASE WHEN s.d_index < 0 THEN ($14::integer[])[-s.d_index] END,
-        s.d_expires_at
-    FROM step s
-    WHERE $23::boolean AND (s.d_index > 0 OR s.d_outcome = 'completed')
-), commit_mode AS MATERIALIZED (
-    -- A batch that changed no key and no fence (replays and refusals, no fence given, no
-    -- answer recorded) wrote only its history rows: its commit need not wait for the WAL to
-    -- reach the disk. A database crash can lose the last such rows, never a key or a fence.
-    SELECT set_config('synchronous_commit', 'off', true) AS setting
-    WHERE NOT EXISTS (
-        SELECT 1 FROM step s
-        WHERE s.d_index < 0
-            OR s.d_outcome NOT IN ('replay', 'mismatch', 'in_flight', 'unknown')
-            OR ($5::bigint[])[s.d_index] IS NOT NULL)
-)
--- The mode is read here so that it is set before the statement's transaction commits.
-SELECT step.* FROM step, (SELECT count(setting) FROM commit_mode) AS mode;
+-- One round trip of a gateway: the decisions ($1) and recorded answers ($2) that queued up,
+-- in one transaction, which also writes their rows in the decision history when $3 says it
+-- is kept; $4: the caller's remaining milliseconds (the step rolls back rather than commit
+-- after the caller gave up).
+SELECT * FROM fencegate_step(
+    $1::fencegate_decide_step[], $2::fencegate_record_step[], $3::boolean, $4::double precision);
 
 -- name: release
 -- 5xx not stored, or nothing reached the upstream: the key goes, so that a retry runs again.

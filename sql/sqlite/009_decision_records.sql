@@ -1,0 +1,3 @@
+-- Nothing to change on SQLite (see the PostgreSQL migration of the same name): its store
+-- makes each decision in Python, one row at a time, and writes the history in the same
+-- transaction; there are no argument arrays to replace.
