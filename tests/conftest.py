@@ -96,3 +96,5 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             continue
         if tier in TIERS:
             item.add_marker(getattr(pytest.mark, tier))
+        if root / "acceptance" / "topology" in item.path.parents:
+            item.add_marker(pytest.mark.topology)

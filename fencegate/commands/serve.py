@@ -77,6 +77,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(default: yes); env FENCEGATE_DECISION_HISTORY",
     )
     parser.add_argument(
+        "--require-synchronous-replication",
+        dest="require_synchronous_replication",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="refuse to start on a PostgreSQL whose standbys replicate asynchronously (a "
+        "failover would lose acknowledged decisions; default: one warning line); "
+        "env FENCEGATE_REQUIRE_SYNCHRONOUS_REPLICATION",
+    )
+    parser.add_argument(
         "--decision-log",
         dest="decision_log",
         action=argparse.BooleanOptionalAction,
@@ -87,7 +96,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
-    names = [dest for _, dest, _, _ in _OPTIONS] + ["migrate", "decision_history", "decision_log"]
+    flags = ["migrate", "decision_history", "decision_log", "require_synchronous_replication"]
+    names = [dest for _, dest, _, _ in _OPTIONS] + flags
     return {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
 
 
@@ -139,13 +149,17 @@ def check_store(config: GatewayConfig) -> StoreKind:
     database nobody migrated stops the start with one line naming `fencegate migrate`.
     Returns the store's kind."""
     from fencegate.store import open_gateway_store
+    from fencegate.store.replication import ReplicationNotSynchronous
     from fencegate.store.schema import SchemaMismatch, redacted, require_schema
 
     settings = config.settings
 
     async def check() -> StoreKind:
         store = await open_gateway_store(
-            settings.database_url, run_migrations=settings.migrate, pool_max_size=1
+            settings.database_url,
+            run_migrations=settings.migrate,
+            pool_max_size=1,
+            require_synchronous_replication=settings.require_synchronous_replication,
         )
         try:
             await require_schema(
@@ -157,7 +171,7 @@ def check_store(config: GatewayConfig) -> StoreKind:
 
     try:
         return asyncio.run(check())
-    except SchemaMismatch as exc:
+    except (SchemaMismatch, ReplicationNotSynchronous) as exc:
         raise CommandError(str(exc)) from exc
     except ValueError as exc:  # the URL itself: its message says what is wrong
         raise CommandError(str(exc)) from None

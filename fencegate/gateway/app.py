@@ -88,6 +88,7 @@ class GatewayApplication:
             run_migrations=settings.migrate,
             pool_max_size=settings.store_pool_size,
             history=settings.decision_history,
+            require_synchronous_replication=settings.require_synchronous_replication,
         )
         await require_schema(
             self.store, database_url=settings.database_url, timeout=settings.store_timeout

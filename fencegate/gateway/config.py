@@ -42,6 +42,8 @@ class GatewaySettings(BaseSettings):
     upstream_timeout: float = Field(default=30.0, gt=0)
     store_timeout: float = Field(default=2.0, gt=0)
     store_pool_size: int = Field(default=20, gt=0)
+    # Refuse a PostgreSQL whose standbys all replicate asynchronously (else: one warning).
+    require_synchronous_replication: bool = False
     # On SIGTERM, how long to keep trying to record answers the store has not taken yet.
     shutdown_grace_seconds: float = Field(default=10.0, ge=0)
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"

@@ -53,11 +53,14 @@ class FencegateMiddleware:
         store_timeout: float = 2.0,
         metrics: GatewayMetrics | None = None,
         decision_history: bool = True,
+        require_synchronous_replication: bool = False,
     ) -> None:
         """``store`` is used as given (the caller closes it); otherwise the store named by
         ``database_url`` (default SQLite ``./fencegate.db``) is opened on first use and
         closed at lifespan shutdown. ``decision_history`` keeps one history row per
-        decision in the store this opens (a given store keeps its own setting)."""
+        decision in the store this opens (a given store keeps its own setting);
+        ``require_synchronous_replication`` makes that store refuse a PostgreSQL whose
+        standbys all replicate asynchronously (otherwise one warning line)."""
         self.app = app
         self._database_url = database_url
         self._owns_store = store is None
@@ -67,6 +70,7 @@ class FencegateMiddleware:
         self._lease_seconds = inflight_lease_seconds
         self._store_timeout = store_timeout
         self._history = decision_history
+        self._require_sync = require_synchronous_replication
         self.metrics = metrics or GatewayMetrics()
         self._pipeline: Pipeline | None = None
         self._opening = asyncio.Lock()
@@ -123,7 +127,11 @@ class FencegateMiddleware:
             if self._pipeline is None:
                 store = self._store
                 if store is None:
-                    store = await open_gateway_store(self._database_url, history=self._history)
+                    store = await open_gateway_store(
+                        self._database_url,
+                        history=self._history,
+                        require_synchronous_replication=self._require_sync,
+                    )
                 try:
                     await require_schema(
                         store, database_url=self._database_url, timeout=self._store_timeout

@@ -99,10 +99,14 @@ class LeaseQueue:
         timeout: float = DEFAULT_TIMEOUT,
         pool_min_size: int = 1,
         pool_max_size: int = 10,
+        require_synchronous_replication: bool = False,
     ) -> LeaseQueue:
         """Open the store a URL names: ``postgresql://…`` or ``sqlite:///path.db``.
 
         The pool sizes apply to PostgreSQL; a SQLite store uses one connection.
+        ``require_synchronous_replication`` refuses a PostgreSQL whose standbys all replicate
+        asynchronously (a failover would lose fencing tokens and completions); without it
+        that is one warning line.
         """
         target = parse_database_url(url)
         driver: Driver
@@ -110,7 +114,11 @@ class LeaseQueue:
             from fencegate.lease.drivers.postgres import PostgresDriver
 
             driver = await PostgresDriver.connect(
-                target, timeout=timeout, min_size=pool_min_size, max_size=pool_max_size
+                target,
+                timeout=timeout,
+                min_size=pool_min_size,
+                max_size=pool_max_size,
+                require_synchronous_replication=require_synchronous_replication,
             )
         else:
             from fencegate.lease.drivers.sqlite import SQLiteDriver

@@ -113,6 +113,7 @@ class Worker:
         poll_seconds: float = 1.0,
         http_timeout: float = 30.0,
         heartbeat_store: Callable[[], Awaitable[RenewingStore]] | None = None,
+        require_synchronous_replication: bool = False,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -136,6 +137,8 @@ class Worker:
         self.http_timeout = http_timeout
         self._queue_arg = queue
         self._heartbeat_store = heartbeat_store
+        # For the connections this worker opens from a URL (a given queue keeps its own).
+        self.require_synchronous_replication = require_synchronous_replication
         self.queue: LeaseQueue | None = None
         self._owns_queue = False
         self._controller: HeartbeatController | None = None
@@ -196,7 +199,11 @@ class Worker:
         if self._stop_requested:
             self._stopping.set()
         if isinstance(self._queue_arg, str):
-            self.queue = await LeaseQueue.connect(self._queue_arg, timeout=self.store_timeout)
+            self.queue = await LeaseQueue.connect(
+                self._queue_arg,
+                timeout=self.store_timeout,
+                require_synchronous_replication=self.require_synchronous_replication,
+            )
             self._owns_queue = True
         else:
             self.queue = cast("LeaseQueue", self._queue_arg)
@@ -222,9 +229,12 @@ class Worker:
                 "the heartbeat needs its own connection: pass the queue URL, or heartbeat_store="
             )
         timeout = self.store_timeout
+        require = self.require_synchronous_replication
 
         async def connect() -> RenewingStore:
-            return await LeaseQueue.connect(str(url), timeout=timeout)
+            return await LeaseQueue.connect(
+                str(url), timeout=timeout, require_synchronous_replication=require
+            )
 
         return connect
 

@@ -39,13 +39,16 @@ async def open_gateway_store(
     pool_max_size: int = 20,
     timeout: float = 30.0,
     history: bool = True,
+    require_synchronous_replication: bool = False,
 ) -> GatewayStore:
     """Open the store a database URL names (no URL: SQLite ``./fencegate.db``).
 
     ``history`` keeps the decision history (one row per keyed or fenced decision, written in
     the decision's own transaction). ``run_migrations`` None means the default: migrate an
     SQLite file (the embedded store should just work), leave PostgreSQL alone (its schema is
-    an operator's decision, ``fencegate migrate``).
+    an operator's decision, ``fencegate migrate``). ``require_synchronous_replication``
+    refuses a PostgreSQL server with standbys none of which is synchronous (otherwise that is
+    one warning line).
     """
     target = parse_database_url(url)
     if run_migrations is None:
@@ -61,6 +64,7 @@ async def open_gateway_store(
             min_size=min(2, pool_max_size),
             timeout=timeout,
             history=history,
+            require_synchronous_replication=require_synchronous_replication,
         )
     from fencegate.store.sqlite import SQLiteGatewayStore
 

@@ -4,6 +4,13 @@ A PostgreSQL URL may name the schema fencegate's tables live in with ``?schema=N
 (default: the server's search path, normally ``public``). fencegate takes that parameter out
 of the URL and sets the connections' ``search_path`` instead, so every statement stays
 unqualified and one database can hold several fencegate installations.
+
+``?pool_mode=transaction`` says the URL reaches PostgreSQL through a transaction-pooling
+connection pooler (PgBouncer's ``pool_mode = transaction``): each call then runs in a
+transaction of its own with unnamed statements (no prepared statement outlives the
+transaction), settings go in ``SET LOCAL`` instead of start-up parameters, and the lease
+queue polls instead of LISTENing. ``pool_mode=session`` (the default) is a direct connection
+or a session pooler.
 """
 
 from __future__ import annotations
@@ -16,6 +23,11 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 DEFAULT_SQLITE_URL = "sqlite:///fencegate.db"
 
+# Taken out of the URL before it reaches the driver.
+POOL_MODE_OPTION = "pool_mode"
+_OWN_PARAMETERS = ("schema", POOL_MODE_OPTION)
+_POOL_MODES = ("session", "transaction")
+
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
 
@@ -25,6 +37,8 @@ class DatabaseURL:
     url: str  # as given
     sqlite_path: Path | None = None
     schema: str | None = None  # PostgreSQL: where the tables live
+    # PostgreSQL: reached through a transaction-pooling connection pooler.
+    transaction_pooling: bool = False
 
     @property
     def dsn(self) -> str:
@@ -32,25 +46,43 @@ class DatabaseURL:
         if self.kind != "postgresql":
             return self.url
         parts = urlsplit(self.url)
-        query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != "schema"]
+        pairs = parse_qsl(parts.query, keep_blank_values=True)
+        query = [(k, v) for k, v in pairs if k not in _OWN_PARAMETERS]
         return urlunsplit(parts._replace(query=urlencode(query)))
+
+    @property
+    def where(self) -> str:
+        """Hosts and database, without user or password: for messages."""
+        parts = urlsplit(self.url)
+        return parts.netloc.rpartition("@")[2] + parts.path
 
 
 def parse_database_url(url: str | None) -> DatabaseURL:
-    """Parse ``postgresql://…[?schema=NAME]``, ``postgres://…``, ``sqlite:///relative.db`` or
-    ``sqlite:////absolute.db``. No URL means the embedded default ``./fencegate.db``."""
+    """Parse ``postgresql://…[?schema=NAME][&pool_mode=transaction]``, ``postgres://…``,
+    ``sqlite:///relative.db`` or ``sqlite:////absolute.db``. No URL means the embedded
+    default ``./fencegate.db``."""
     url = url or DEFAULT_SQLITE_URL
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     if scheme in ("postgresql", "postgres"):
-        schemas = [v for k, v in parse_qsl(parts.query, keep_blank_values=True) if k == "schema"]
+        pairs = parse_qsl(parts.query, keep_blank_values=True)
+        schemas = [v for k, v in pairs if k == "schema"]
         schema = schemas[-1] if schemas else None
         if schema is not None and not _SCHEMA_NAME.fullmatch(schema):
             raise ValueError(
                 f"schema={schema!r}: a schema name is lower-case letters, digits and _ "
                 "(at most 63), not starting with a digit"
             )
-        return DatabaseURL("postgresql", url, schema=schema)
+        modes = [v for k, v in pairs if k == POOL_MODE_OPTION]
+        mode = modes[-1] if modes else "session"
+        if mode not in _POOL_MODES:
+            raise ValueError(
+                f"pool_mode={mode!r}: use pool_mode=transaction behind a transaction-pooling "
+                "PgBouncer, pool_mode=session (the default) otherwise"
+            )
+        return DatabaseURL(
+            "postgresql", url, schema=schema, transaction_pooling=mode == "transaction"
+        )
     if scheme == "sqlite":
         rest = url[len("sqlite://") :]
         if not rest.startswith("/") or rest == "/":

@@ -13,6 +13,7 @@ from typing import Literal
 import asyncpg
 
 from fencegate.store.dburl import parse_database_url
+from fencegate.store.pg import statement_cache
 from fencegate.store.sqlfiles import store_folder
 from fencegate.store.sqlite_db import SQLiteDatabase, write_transaction
 
@@ -58,11 +59,12 @@ async def migrate_postgres(conn: asyncpg.Connection, *, schema: str | None = Non
     """Apply pending migrations on ``conn``; with ``schema``, in that schema (created if
     needed), which the stores then put on their connections' search path."""
     applied: list[str] = []
-    if schema is not None:
-        # The name was checked against [a-z_][a-z0-9_]* when the URL was parsed.
-        await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
-        await conn.execute(f'SET search_path TO "{schema}"')
     async with conn.transaction():
+        if schema is not None:
+            # The name was checked against [a-z_][a-z0-9_]* when the URL was parsed. SET
+            # LOCAL: behind a transaction pooler the server connection is shared afterwards.
+            await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
+            await conn.execute(f'SET LOCAL search_path TO "{schema}"')
         await conn.execute("SELECT pg_advisory_xact_lock($1)", _ADVISORY_LOCK_ID)
         await conn.execute(_MIGRATIONS_TABLE)
         done = {r["name"] for r in await conn.fetch("SELECT name FROM fencegate_migrations")}
@@ -100,7 +102,7 @@ async def migrate(database_url: str | None, *, timeout: float = 60.0) -> list[st
     """Apply pending migrations to the store a URL names; returns the names applied."""
     target = parse_database_url(database_url)
     if target.kind == "postgresql":
-        conn = await asyncpg.connect(target.dsn, timeout=timeout)
+        conn = await asyncpg.connect(target.dsn, timeout=timeout, **statement_cache(target))
         try:
             return await migrate_postgres(conn, schema=target.schema)
         finally:

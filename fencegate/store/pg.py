@@ -12,13 +12,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any, TypeVar, cast
 
 import asyncpg
 
 from fencegate.errors import StoreTimedOut, StoreUnavailable, unsent
-from fencegate.store.dburl import DatabaseURL
+from fencegate.store.dburl import POOL_MODE_OPTION, DatabaseURL
+from fencegate.store.replication import ReplicationGuard, ReplicationNotSynchronous
 
 T = TypeVar("T")
 
@@ -29,13 +30,95 @@ def unavailable(exc: BaseException, timeout: float) -> StoreUnavailable:
     and a dropped database included."""
     if isinstance(exc, TimeoutError):
         return StoreTimedOut(f"no answer within {timeout:g}s")
+    if isinstance(exc, StoreUnavailable):
+        return exc
+    if isinstance(
+        exc, asyncpg.DuplicatePreparedStatementError | asyncpg.InvalidSQLStatementNameError
+    ):
+        return StoreUnavailable(f"{type(exc).__name__}: {exc}; {_POOLER_HINT}")
     return StoreUnavailable(f"{type(exc).__name__}: {exc}")
+
+
+_POOLER_HINT = (
+    "prepared statements do not survive a transaction-pooling connection pooler "
+    f"(PgBouncer pool_mode = transaction): add ?{POOL_MODE_OPTION}=transaction to the database URL"
+)
+
+# Start-up parameters PgBouncer 1.18 passes on; any other one it refuses at connect.
+_POOLER_STARTUP = ("application_name",)
+# Settings that only make statements faster: left to the server's defaults behind a
+# transaction pooler (an unnamed statement is planned per call anyway, and JIT never
+# triggers on fencegate's by-key statements), rather than one more round trip per call.
+_SPEED_ONLY = ("jit", "plan_cache_mode")
+
+
+def _split_settings(
+    settings: dict[str, str], *, transaction_pooling: bool
+) -> tuple[dict[str, str], LocalSettings]:
+    """(start-up parameters, what each call sets first): behind a transaction pooler a
+    session setting would stay on a server connection other clients share, so what must
+    hold for fencegate's statements is set per transaction."""
+    if not transaction_pooling:
+        return settings, LocalSettings({})
+    startup = {k: v for k, v in settings.items() if k in _POOLER_STARTUP}
+    local = {k: v for k, v in settings.items() if k not in _POOLER_STARTUP + _SPEED_ONLY}
+    return startup, LocalSettings(local)
+
+
+class LocalSettings:
+    """Settings each call makes with SET LOCAL behind a transaction pooler (a transaction
+    around the call: BEGIN and COMMIT are two more round trips, the SET a third). One the
+    server already has as its default (``ALTER ROLE … SET``, or the database's) is left out,
+    and with none left a call is one bare statement again."""
+
+    def __init__(self, wanted: dict[str, str]) -> None:
+        self.wanted = dict(wanted)
+        self.sql = self._sql(self.wanted)
+
+    @staticmethod
+    def _sql(settings: dict[str, str]) -> str:
+        return "; ".join(f"SET LOCAL {name} = '{value.replace(chr(39), chr(39) * 2)}'"
+                         for name, value in settings.items())  # fmt: skip
+
+    async def leave_out_defaults(self, conn: asyncpg.Connection) -> None:
+        if not self.wanted:
+            return
+        names = list(self.wanted)
+        current = await conn.fetch(
+            "SELECT n, current_setting(n) AS v FROM unnest($1::text[]) AS n", names
+        )
+        missing = {r["n"]: self.wanted[r["n"]] for r in current if r["v"] != self.wanted[r["n"]]}
+        self.sql = self._sql(missing)
 
 
 async def _keep_session(conn: asyncpg.Connection) -> None:
     """The stores never change session state (no SET, LISTEN or advisory lock on a pooled
     connection), so a connection going back to the pool needs no reset query: that would be
     one more round trip for every statement."""
+
+
+def statement_cache(target: DatabaseURL) -> dict[str, Any]:
+    """asyncpg's options for ``target``: behind a transaction pooler no named prepared
+    statement (it would stay on a server connection the next client gets)."""
+    return {"statement_cache_size": 0} if target.transaction_pooling else {}
+
+
+@contextlib.asynccontextmanager
+async def _pinned(conn: asyncpg.Connection, *, pinned: bool) -> AsyncIterator[None]:
+    if not pinned:
+        yield
+        return
+    async with conn.transaction():
+        yield
+
+
+def _explain(exc: BaseException, timeout: float) -> StoreUnavailable:
+    if "unsupported startup parameter" in str(exc):
+        return StoreUnavailable(
+            f"{type(exc).__name__}: {exc}: this is a connection pooler (PgBouncer); add "
+            f"?{POOL_MODE_OPTION}=transaction to the database URL"
+        )
+    return unavailable(exc, timeout)
 
 
 def _left(deadline: float) -> float:
@@ -54,10 +137,16 @@ class PgDatabase:
         *,
         target: DatabaseURL | None = None,
         server_settings: dict[str, str] | None = None,
+        local_settings: LocalSettings | None = None,
+        replication: ReplicationGuard | None = None,
     ) -> None:
         self.pool = pool
         self.target = target
         self._server_settings = dict(server_settings or {})
+        self.transaction_pooling = target is not None and target.transaction_pooling
+        self._local = local_settings or LocalSettings({})
+        # What the last new connection found about replication (None: not checked).
+        self.replication = replication
 
     @classmethod
     async def connect(
@@ -73,13 +162,18 @@ class PgDatabase:
         max_inactive_connection_lifetime: float = 300.0,
         generic_plans: bool = False,
         custom_plans: bool = False,
+        require_synchronous_replication: bool = False,
     ) -> PgDatabase:
         """A pool on ``target``. ``generic_plans`` for callers whose every statement is a
         lookup by key: PostgreSQL then plans each prepared statement once. Statements with
         optional filters (``$1 IS NULL OR col = $1``, the operator's reads) need the default,
         a plan for the values given. ``custom_plans`` for statements over tables that grow
         fast from empty (the lease queue): a plan kept from when they were small (a
-        sequential scan inside a nested loop) would stay until the next ANALYZE."""
+        sequential scan inside a nested loop) would stay until the next ANALYZE.
+
+        Every new connection (at start, and each one opened after a failure or a failover)
+        checks the server's replication: asynchronous standbys are warned about once, or with
+        ``require_synchronous_replication`` the connection is refused."""
         settings = {
             "jit": "off",
             "application_name": application_name,
@@ -94,6 +188,16 @@ class PgDatabase:
             settings["plan_cache_mode"] = "force_custom_plan"
         if target.schema is not None:
             settings["search_path"] = target.schema
+        startup, local = _split_settings(settings, transaction_pooling=target.transaction_pooling)
+        guard = ReplicationGuard(target.where, require=require_synchronous_replication)
+
+        async def setup(conn: asyncpg.Connection) -> None:
+            async with _pinned(conn, pinned=target.transaction_pooling):
+                if init is not None:
+                    await init(conn)
+                await guard.check(conn)
+                await local.leave_out_defaults(conn)
+
         try:
             pool = await asyncpg.create_pool(
                 target.dsn,
@@ -101,18 +205,21 @@ class PgDatabase:
                 max_size=max_size,
                 timeout=timeout,
                 # Bare statements, no JIT: a decision must stay a sub-millisecond call.
-                server_settings=settings,
-                init=init,
+                server_settings=startup,
+                init=setup,
                 max_inactive_connection_lifetime=max_inactive_connection_lifetime,
                 reset=None if reset_sessions else _keep_session,
+                **statement_cache(target),
             )
+        except ReplicationNotSynchronous:
+            raise
         except Exception as exc:
             # Said plainly: the first thing a misconfigured URL produces is this message.
-            raise StoreUnavailable(
-                f"PostgreSQL did not answer: {unavailable(exc, timeout)}"
-            ) from exc
+            raise StoreUnavailable(f"PostgreSQL did not answer: {_explain(exc, timeout)}") from exc
         assert pool is not None
-        return cls(pool, target=target, server_settings=settings)
+        return cls(
+            pool, target=target, server_settings=startup, local_settings=local, replication=guard
+        )
 
     async def listen(
         self,
@@ -127,6 +234,8 @@ class PgDatabase:
         next caller. The caller closes it; `StoreUnavailable` when it cannot be set up."""
         if self.target is None:
             raise StoreUnavailable("this database was not opened from a URL")
+        if self.transaction_pooling:
+            raise StoreUnavailable("LISTEN does not work through a transaction pooler")
         try:
             conn = await asyncpg.connect(
                 self.target.dsn, timeout=timeout, server_settings=self._server_settings
@@ -157,7 +266,14 @@ class PgDatabase:
         try:
             async with asyncio.timeout_at(loop_deadline):
                 # A pooled connection is a proxy with the connection's whole interface.
-                return await fn(cast(asyncpg.Connection, conn))
+                local_sql = self._local.sql
+                if not local_sql:
+                    return await fn(cast(asyncpg.Connection, conn))
+                # Behind a transaction pooler a setting the server lacks holds only in a
+                # transaction: BEGIN, SET LOCAL, the call, COMMIT (see `LocalSettings`).
+                async with conn.transaction():
+                    await conn.execute(local_sql)
+                    return await fn(cast(asyncpg.Connection, conn))
         except BaseException as exc:
             # The connection is in an unknown state (a query may still run on a silent
             # network): close it at once rather than wait to reset it for the next caller.

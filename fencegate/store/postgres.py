@@ -143,6 +143,7 @@ class PostgresGatewayStore:
         max_size: int = 20,
         timeout: float = 10.0,
         history: bool = True,
+        require_synchronous_replication: bool = False,
     ) -> PostgresGatewayStore:
         db = await PgDatabase.connect(
             target,
@@ -153,6 +154,7 @@ class PostgresGatewayStore:
             # The batch statement (arrays of parameters) was otherwise planned again on every
             # call, which cost more than running it; every gateway statement is by key.
             generic_plans=True,
+            require_synchronous_replication=require_synchronous_replication,
         )
         return cls(db, history=history)
 

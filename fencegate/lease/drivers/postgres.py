@@ -107,6 +107,10 @@ class _Notifications:
             return True
 
     async def wait(self, kinds: Sequence[str] | None, *, timeout: float) -> bool:
+        if self._db.transaction_pooling:
+            # No LISTEN through a transaction pooler: the worker's claims poll instead.
+            await asyncio.sleep(timeout)
+            return False
         key = _key(kinds)
         event = asyncio.Event()
         waiter = (key, event)
@@ -180,7 +184,13 @@ class PostgresDriver(Driver):
 
     @classmethod
     async def connect(
-        cls, target: DatabaseURL, *, timeout: float, min_size: int = 1, max_size: int = 10
+        cls,
+        target: DatabaseURL,
+        *,
+        timeout: float,
+        min_size: int = 1,
+        max_size: int = 10,
+        require_synchronous_replication: bool = False,
     ) -> PostgresDriver:
         db = await PgDatabase.connect(
             target,
@@ -196,6 +206,7 @@ class PostgresDriver(Driver):
             # generic plan made while they were small joined each batch to a sequential
             # scan of the attempts, so every commit got slower as the queue drained.
             custom_plans=True,
+            require_synchronous_replication=require_synchronous_replication,
         )
         return cls(db)
 
