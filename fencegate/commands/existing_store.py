@@ -15,6 +15,7 @@ import asyncpg
 
 from fencegate.cli import CommandError
 from fencegate.store.dburl import DatabaseURL, parse_database_url
+from fencegate.store.pg import single_connection
 from fencegate.store.queries import Queries
 from fencegate.store.schema import SchemaMismatch, check_applied, redacted
 
@@ -51,13 +52,10 @@ def _sqlite_applied(target: DatabaseURL) -> list[str] | None:
 async def _postgres_applied(target: DatabaseURL, timeout: float) -> list[str] | None:
     q = Queries("postgresql")
     settings = {"search_path": target.schema} if target.schema else None
-    conn = await asyncpg.connect(target.dsn, timeout=timeout, server_settings=settings)
-    try:
+    async with single_connection(target, timeout=timeout, settings=settings) as conn:
         if not await conn.fetchval(q.migrations_table, timeout=timeout):
             return None
         return [str(r["name"]) for r in await conn.fetch(q.applied_migrations, timeout=timeout)]
-    finally:
-        await conn.close(timeout=timeout)
 
 
 def require_existing_store(url: str | None, *, timeout: float) -> None:

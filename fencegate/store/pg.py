@@ -104,6 +104,25 @@ def statement_cache(target: DatabaseURL) -> dict[str, Any]:
 
 
 @contextlib.asynccontextmanager
+async def single_connection(
+    target: DatabaseURL, *, timeout: float, settings: dict[str, str] | None = None
+) -> AsyncIterator[asyncpg.Connection]:
+    """One connection outside any pool (a command's check), with ``settings``: start-up
+    parameters, or behind a transaction pooler SET LOCAL in a transaction around the block."""
+    startup, local = _split_settings(settings or {}, transaction_pooling=target.transaction_pooling)
+    conn = await asyncpg.connect(
+        target.dsn, timeout=timeout, server_settings=startup or None, **statement_cache(target)
+    )
+    try:
+        async with _pinned(conn, pinned=bool(local.sql)):
+            if local.sql:
+                await conn.execute(local.sql)
+            yield conn
+    finally:
+        await conn.close(timeout=timeout)
+
+
+@contextlib.asynccontextmanager
 async def _pinned(conn: asyncpg.Connection, *, pinned: bool) -> AsyncIterator[None]:
     if not pinned:
         yield
