@@ -27,7 +27,7 @@ import asyncpg
 
 from tests.support.net import free_port, wait_for_port
 from tests.support.postgres import _pg_bindir
-from tests.support.topology import _own, server_user
+from tests.support.topology import give_to_server_user, server_user
 
 
 def _get(url: str) -> tuple[int, dict[str, Any]]:
@@ -182,7 +182,7 @@ class PatroniCluster:
         return f"postgresql://postgres@{hosts}/postgres?target_session_attrs=read-write"
 
     def start(self, *, timeout: float = 120.0) -> None:
-        _own(self.root)
+        give_to_server_user(self.root)
         etcd_dir = self.root / "etcd"
         with (self.root / "etcd.log").open("ab") as log:
             self.etcd = subprocess.Popen(
@@ -199,7 +199,7 @@ class PatroniCluster:
         wait_for_port(self.etcd_port, timeout=30)
         for node in self.nodes:
             node.write_config(synchronous=self.synchronous)
-            _own(node.config)
+            give_to_server_user(node.config)
         self.nodes[0].start()
         self.wait_for(lambda: self.nodes[0].role() == "primary", timeout, "node0 to lead")
         self.nodes[1].start()

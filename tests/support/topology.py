@@ -32,7 +32,7 @@ def run_as() -> list[str]:
     return [] if user is None else ["runuser", "-u", user, "--"]
 
 
-def _own(path: Path) -> None:
+def give_to_server_user(path: Path) -> None:
     user = server_user()
     if user is not None:
         shutil.chown(path, user)
@@ -107,7 +107,7 @@ class PrimaryWithStandby:
 
     def __init__(self) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="fencegate-replicas-"))
-        _own(self.root)
+        give_to_server_user(self.root)
         self.primary = PgNode(self.root, "primary")
         self.standby = PgNode(self.root, "standby")
 
@@ -158,7 +158,7 @@ class PgBouncer:
             "server_check_delay = 0\n"
             f"logfile = {self.dir / 'pgbouncer.log'}\n"
         )
-        _own(self.dir)
+        give_to_server_user(self.dir)
         user = server_user()
         self._proc = subprocess.Popen(
             ["pgbouncer", str(self.dir / "pgbouncer.ini")],
