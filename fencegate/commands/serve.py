@@ -51,6 +51,25 @@ _OPTIONS: list[tuple[str, str, type, str]] = [
     ("--log-level", "log_level", str, "critical, error, warning, info, debug (info)"),
     ("--log-format", "log_format", str, "text, or json: one object per line on stderr (text)"),
     ("--workers", "workers", int, "worker processes (1)"),
+    (
+        "--header-timeout",
+        "header_timeout",
+        float,
+        "seconds for a client to send a whole request head, else closed (10)",
+    ),
+    (
+        "--idle-timeout",
+        "idle_timeout",
+        float,
+        "seconds a kept-alive connection may stay idle between requests (5)",
+    ),
+    (
+        "--max-connections",
+        "max_connections",
+        int,
+        "open client connections per worker process, fewer if the open-files limit is "
+        "lower (10000)",
+    ),
 ]
 
 
@@ -121,6 +140,27 @@ def configure_logging(config: GatewayConfig) -> None:
     )
 
 
+def apply_connection_limits(config: GatewayConfig) -> int:
+    """Raise the open-files limit as far as allowed and set the connection guard's limits
+    for this process; the connection limit in force."""
+    from fencegate.gateway import connections
+
+    settings = config.settings
+    most = connections.connections_within(
+        connections.raise_open_files_limit(),
+        wanted=settings.max_connections,
+        store_pool=settings.store_pool_size,
+    )
+    connections.configure(
+        connections.ConnectionLimits(
+            header_timeout=settings.header_timeout,
+            idle_timeout=settings.idle_timeout,
+            max_connections=most,
+        )
+    )
+    return most
+
+
 def create_app_from_environment() -> Any:
     """Factory for worker processes (``--workers N``): each rebuilds the same config."""
     from fencegate.gateway.app import GatewayApplication
@@ -128,6 +168,7 @@ def create_app_from_environment() -> Any:
     overrides = orjson.loads(os.environ.get(OVERRIDES_ENV, "{}"))
     config = build_config(overrides)
     configure_logging(config)
+    apply_connection_limits(config)
     return GatewayApplication(
         config, authenticator=check_authenticator(config), authenticator_loaded=True
     )
@@ -181,7 +222,9 @@ def check_store(config: GatewayConfig) -> StoreKind:
         ) from exc
 
 
-def announce(config: GatewayConfig, *, signatures: bool, store_kind: StoreKind) -> None:
+def announce(
+    config: GatewayConfig, *, signatures: bool, store_kind: StoreKind, max_connections: int
+) -> None:
     """One line (or JSON object) at start-up: what this gateway fronts, what it records in,
     and what it demands of each route. The password of the database URL is hidden."""
     from fencegate.gateway.decisions import text_fields
@@ -210,6 +253,9 @@ def announce(config: GatewayConfig, *, signatures: bool, store_kind: StoreKind) 
         "signatures": "on" if signatures else "off",
         "workers": settings.workers,
         "listen": f"{settings.host}:{settings.port}",
+        "max_connections": max_connections,
+        "header_timeout": settings.header_timeout,
+        "idle_timeout": settings.idle_timeout,
     }
     described = "; ".join(
         f"{r['prefix']} methods={','.join(r['methods'])} on_unknown={r['on_unknown']} "
@@ -236,12 +282,22 @@ def run(args: argparse.Namespace) -> int:
     # The store first: a bad --database-url is the only line printed, not after the keys'.
     store_kind = check_store(config)
     authenticator = check_authenticator(config)
-    announce(config, signatures=authenticator is not None, store_kind=store_kind)
+    max_connections = apply_connection_limits(config)
+    announce(
+        config,
+        signatures=authenticator is not None,
+        store_kind=store_kind,
+        max_connections=max_connections,
+    )
+    from fencegate.gateway.connections import GuardedHttpToolsProtocol
+
     common: dict[str, Any] = {
         "host": settings.host,
         "port": settings.port,
         "loop": "uvloop",
-        "http": "httptools",
+        # uvicorn's httptools protocol with a header timeout, a connection limit and the
+        # raw target kept (fencegate.gateway.connections).
+        "http": GuardedHttpToolsProtocol,
         "lifespan": "on",
         "log_level": settings.log_level,
         "access_log": False,  # one log line per request costs more than the decision

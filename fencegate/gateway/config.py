@@ -50,6 +50,13 @@ class GatewaySettings(BaseSettings):
     # text for people; json: one object per line on stderr, for log pipelines.
     log_format: Literal["text", "json"] = "text"
     workers: int = Field(default=1, ge=1)
+    # Connections (`fencegate serve` only): a request head must arrive within header_timeout
+    # seconds, a kept-alive connection may stay idle idle_timeout seconds between requests,
+    # and each worker process keeps at most max_connections open (fewer if its open-files
+    # limit cannot hold them).
+    header_timeout: float = Field(default=10.0, gt=0, le=3600)
+    idle_timeout: float = Field(default=5.0, gt=0, le=3600)
+    max_connections: int = Field(default=10_000, gt=0)
 
     @field_validator("log_level", "log_format", mode="before")
     @classmethod
