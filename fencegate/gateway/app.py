@@ -109,7 +109,10 @@ class GatewayApplication:
                 engine=engine, routes=routes, upstream=self._client, authenticator=authenticator
             ),
             health=StoreHealth(
-                self.store, database_url=settings.database_url, timeout=settings.store_timeout
+                self.store,
+                database_url=settings.database_url,
+                timeout=settings.store_timeout,
+                decisions=engine.decisions,
             ),
             metrics=self.metrics,
         )

@@ -25,6 +25,7 @@ from fencegate.gateway import headers as h
 from fencegate.gateway.decisions import DecisionTrace, decision_of
 from fencegate.gateway.fingerprint import request_fingerprint
 from fencegate.gateway.headers import NOT_REPLAYED
+from fencegate.gateway.health import DecisionOutcomes
 from fencegate.gateway.metrics import GatewayMetrics
 from fencegate.gateway.recorder import ABANDON, OwedWrite, PendingWrites, Write
 from fencegate.gateway.routes import RoutePolicy, entity_missing
@@ -104,6 +105,8 @@ class Engine:
         self.metrics = metrics
         # How the resolve commands in a 424 name this store (`operator_store_argument`).
         self.store_argument = store_argument
+        # Whether the store took the latest decision (``/healthz`` reports it).
+        self.decisions = DecisionOutcomes()
         # Writes owed to the store after the upstream acted, kept trying in the background.
         self.pending = PendingWrites(look_up=self._look_up)
         # Each reservation gets its own holder name (instance/request number): attempts
@@ -218,15 +221,18 @@ class Engine:
     async def _decide(self, request: DecideRequest) -> Decision:
         started = time.perf_counter()
         try:
-            return await self.store.decide(request, timeout=self.store_timeout)
+            decision = await self.store.decide(request, timeout=self.store_timeout)
         except Exception as exc:
             # Whatever failed at the store boundary, nothing was decided: fail closed.
             logger.error("store unavailable, refusing the request: %s", describe(exc))
+            self.decisions.failed(describe(exc))
             if request.key is not None and getattr(exc, "reached_store", True):
                 self._release_abandoned(request, request.key)
             raise store_unavailable() from exc
         finally:
             self._store_latency("decide", started)
+        self.decisions.succeeded()
+        return decision
 
     def _release_abandoned(self, request: DecideRequest, key: str) -> None:
         """The 503 says nothing was forwarded and nothing is left behind, but the decision's

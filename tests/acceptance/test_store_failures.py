@@ -198,3 +198,44 @@ async def test_every_error_at_the_store_boundary_is_store_unavailable(
     with pytest.raises(StoreUnavailable) as raised:
         await store._run(fail, timeout=5)  # type: ignore[attr-defined]
     assert type(error).__name__ in str(raised.value)
+
+
+class GatewayOnSmallDisk(GatewayProcess):
+    """`fencegate serve` whose SQLite file lies on a tmpfs of ``size`` mounted in a mount
+    namespace of its own (gone with the process): its disk fills up for real."""
+
+    def __init__(self, *, disk: Path, size: str, **kwargs: Any) -> None:
+        super().__init__(database_url=f"sqlite:///{disk}/fencegate.db", **kwargs)
+        self.disk = disk
+        self.size = size
+
+    def command(self) -> list[str]:
+        mount = f'mount -t tmpfs -o size={self.size} tmpfs "$0" && exec "$@"'
+        namespace = ["unshare", "--mount", "--propagation", "private"]
+        return [*namespace, "sh", "-c", mount, str(self.disk), *super().command()]
+
+
+def test_healthz_is_503_while_a_full_disk_refuses_every_keyed_request(
+    upstream: UpstreamProcess, tmp_path: Path
+) -> None:
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    with GatewayOnSmallDisk(disk=disk, size="2m", upstream=upstream.url) as gateway:
+        assert httpx.get(gateway.url + "/healthz", timeout=10).status_code == 200
+        refused = None
+        with httpx.Client(base_url=gateway.url, timeout=30) as client:
+            for n in range(400):  # 50 kB answers, stored: the 2 MB disk fills long before
+                answer = client.post(
+                    "/charges?size=50000", headers={"Idempotency-Key": f"fill-{n}"}, json={}
+                )
+                if answer.status_code == 503:
+                    refused = answer
+                    break
+                assert answer.status_code == 200, answer.text
+            assert refused is not None, "the disk never filled"
+            assert refused.json()["type"].endswith("/store-unavailable")
+            # Every keyed request now fails; the health check must say so, not 200.
+            again = client.post("/charges", headers={"Idempotency-Key": "after"}, json={})
+            assert again.status_code == 503
+            sick = wait_for_status(gateway.url + "/healthz", 503, timeout=15)
+    assert "the store refused the latest decision" in sick.json()["detail"]
