@@ -126,6 +126,14 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._waiting.pop(self, None)
         super().connection_lost(exc)
 
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        # uvicorn stopped its idle timer on these bytes; if they began no request head (the
+        # parser skips blank lines between requests), the head timer runs from here.
+        idle = self.cycle is None or self.cycle.response_complete
+        if idle and self._head_timer is None and not self.transport.is_closing():
+            self._wait_for_head()
+
     def on_message_begin(self) -> None:
         super().on_message_begin()
         if self._head_timer is None:  # a later request on a kept-alive connection

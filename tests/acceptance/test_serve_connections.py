@@ -189,3 +189,29 @@ def test_a_raw_fragment_in_the_target_is_refused_not_cut_off(
     assert b"application/problem+json" in rest
     assert b"/problems/invalid-target" in rest
     assert upstream.count(key) == 0
+
+
+def test_blank_lines_between_requests_do_not_keep_a_connection_open(
+    upstream: UpstreamProcess, tmp_path: Path
+) -> None:
+    """The parser skips blank lines between requests: a client sending nothing else is
+    closed once the header timeout has passed since its first blank line."""
+    with GatewayProcess(
+        upstream=upstream.url,
+        workdir=tmp_path,
+        extra_args=["--header-timeout", "2", "--idle-timeout", "1"],
+    ) as gateway:
+        with contextlib.closing(connect(gateway.port)) as sock:
+            sock.sendall(request_bytes("/charges", f"crlf-{uuid.uuid4().hex[:6]}"))
+            assert read_response(sock).startswith(b"HTTP/1.1 200 ")
+            started = time.monotonic()
+            closed_after = None
+            while time.monotonic() - started < 15:
+                try:
+                    sock.sendall(b"\r\n")
+                except OSError:
+                    closed_after = time.monotonic() - started
+                    break
+                time.sleep(0.3)  # the client's pace, faster than the idle timeout
+    assert closed_after is not None, "blank lines kept the connection open for 15 s"
+    assert closed_after <= 2 + 3
