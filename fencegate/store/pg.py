@@ -140,6 +140,16 @@ def _explain(exc: BaseException, timeout: float) -> StoreUnavailable:
     return unavailable(exc, timeout)
 
 
+async def check_client(conn: asyncpg.Connection) -> None:
+    """A statement whose caller gave up is abandoned by closing its connection (see
+    `PgDatabase.run`); from PostgreSQL 14 on, the server then stops it at its next check
+    (every 100 ms) rather than finish it, and commit it, once the lock it waits for is free.
+    Set once per connection, not as a start-up parameter (an older server refuses an unknown
+    one), and not behind a transaction pooler, whose server connections outlive clients."""
+    if conn.get_server_version().major >= 14:
+        await conn.execute("SET client_connection_check_interval = '100ms'")
+
+
 def _left(deadline: float) -> float:
     return max(deadline - time.monotonic(), 0.0)
 
@@ -193,14 +203,7 @@ class PgDatabase:
         Every new connection (at start, and each one opened after a failure or a failover)
         checks the server's replication: asynchronous standbys are warned about once, or with
         ``require_synchronous_replication`` the connection is refused."""
-        settings = {
-            "jit": "off",
-            "application_name": application_name,
-            # A statement whose caller gave up is abandoned by closing its connection (see
-            # `run`); the server then stops it at its next check rather than finish it (and
-            # commit it) once the lock it waits for is free.
-            "client_connection_check_interval": "100ms",
-        }
+        settings = {"jit": "off", "application_name": application_name}
         if generic_plans:
             settings["plan_cache_mode"] = "force_generic_plan"
         elif custom_plans:
@@ -214,6 +217,8 @@ class PgDatabase:
             async with _pinned(conn, pinned=target.transaction_pooling):
                 if init is not None:
                     await init(conn)
+                if not target.transaction_pooling:
+                    await check_client(conn)
                 await guard.check(conn)
                 await local.leave_out_defaults(conn)
 

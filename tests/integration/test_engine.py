@@ -175,8 +175,12 @@ async def test_a_reservation_that_commits_after_the_503_is_released_so_the_retry
         via_relay = urlunsplit((parts.scheme, netloc or f"127.0.0.1:{relay.port}", parts.path,
                                 parts.query, ""))  # fmt: skip
         # One connection, its decision statement already prepared: once deafened, the next
-        # decision goes out whole (bind, execute, sync) and commits on the server.
-        store = await open_gateway_store(via_relay, run_migrations=False, pool_max_size=1)
+        # decision goes out whole (bind, execute, sync) and commits on the server. A new
+        # connection opened while the answers are dropped hangs until its connect timeout:
+        # a short one, so the release is not held up long after the relay heals.
+        store = await open_gateway_store(
+            via_relay, run_migrations=False, pool_max_size=1, timeout=2
+        )
         direct = await open_gateway_store(pg_url, run_migrations=False)
         try:
             engine = Engine(store, store_timeout=1.0)
@@ -216,7 +220,9 @@ async def test_an_answer_recorded_with_only_its_reply_lost_is_not_reported_as_lo
         netloc = f"{parts.username}@127.0.0.1:{relay.port}" if parts.username else ""
         via_relay = urlunsplit((parts.scheme, netloc or f"127.0.0.1:{relay.port}", parts.path,
                                 parts.query, ""))  # fmt: skip
-        store = await open_gateway_store(via_relay, run_migrations=False, pool_max_size=1)
+        store = await open_gateway_store(
+            via_relay, run_migrations=False, pool_max_size=1, timeout=2
+        )
         try:
             engine = Engine(store, store_timeout=1.0)
             warm = await engine.handle(request("a"), RoutePolicy(), "default", Upstream().forward)
