@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -54,16 +55,24 @@ def missing(*commands: str) -> str | None:
 class PgNode:
     """One private PostgreSQL server (primary, or a standby of one)."""
 
-    def __init__(self, root: Path, name: str) -> None:
+    def __init__(
+        self, root: Path, name: str, *, host: str = "127.0.0.1", wrap: Sequence[str] = ()
+    ) -> None:
+        """``host``: the address it listens on (trusted for every client in its /24);
+        ``wrap``: a prefix for its commands, e.g. ``ip netns exec NS`` to run it there."""
         bindir = _pg_bindir()
         assert bindir is not None
         self.bin = bindir
         self.dir = root / name
-        self.port = free_port()
-        self.url = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+        self.host = host
+        self.wrap = list(wrap)
+        self.port = free_port() if host == "127.0.0.1" else 5432
+        self.url = f"postgresql://postgres@{host}:{self.port}/postgres"
 
     def _run(self, *args: str) -> None:
-        done = subprocess.run([*run_as(), *args], capture_output=True, text=True, timeout=120)
+        done = subprocess.run(
+            [*self.wrap, *run_as(), *args], capture_output=True, text=True, timeout=120
+        )
         if done.returncode != 0:
             log = self.dir / "log"
             tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
@@ -73,6 +82,9 @@ class PgNode:
         self._run(f"{self.bin}/initdb", "-D", str(self.dir), "-A", "trust", "-U", "postgres")
         with (self.dir / "pg_hba.conf").open("a") as hba:
             hba.write("host replication all 127.0.0.1/32 trust\n")
+            if self.host != "127.0.0.1":
+                network = self.host.rsplit(".", 1)[0] + ".0/24"
+                hba.write(f"host all all {network} trust\n")
 
     def init_standby(self, primary: PgNode) -> None:
         self._run(
@@ -89,14 +101,24 @@ class PgNode:
     def start(self) -> None:
         self._run(
             f"{self.bin}/pg_ctl", "-D", str(self.dir), "-w", "-l", str(self.dir / "log"),
-            "-o", f"-p {self.port} -k {self.dir} -h 127.0.0.1 -c max_connections=100",
+            "-o", f"-p {self.port} -k {self.dir} -h {self.host} -c max_connections=100",
             "start",
         )  # fmt: skip
-        wait_for_port(self.port)
+        if not self.wrap:
+            wait_for_port(self.port)  # pg_ctl -w has waited already; this is the socket
 
     def stop(self) -> None:
         subprocess.run(
-            [*run_as(), f"{self.bin}/pg_ctl", "-D", str(self.dir), "-m", "immediate", "stop"],
+            [
+                *self.wrap,
+                *run_as(),
+                f"{self.bin}/pg_ctl",
+                "-D",
+                str(self.dir),
+                "-m",
+                "immediate",
+                "stop",
+            ],
             capture_output=True,
             timeout=60,
         )
