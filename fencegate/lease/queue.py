@@ -23,7 +23,7 @@ from typing import Any, TypedDict, Unpack
 
 import orjson
 
-from fencegate.lease.drivers.base import Driver
+from fencegate.lease.drivers import Driver, open_driver
 from fencegate.lease.errors import JobNotFound, UnknownWorkClass
 from fencegate.lease.models import (
     JOB_STATES,
@@ -109,22 +109,13 @@ class LeaseQueue:
         that is one warning line.
         """
         target = parse_database_url(url)
-        driver: Driver
-        if target.kind == "postgresql":
-            from fencegate.lease.drivers.postgres import PostgresDriver
-
-            driver = await PostgresDriver.connect(
-                target,
-                timeout=timeout,
-                min_size=pool_min_size,
-                max_size=pool_max_size,
-                require_synchronous_replication=require_synchronous_replication,
-            )
-        else:
-            from fencegate.lease.drivers.sqlite import SQLiteDriver
-
-            assert target.sqlite_path is not None
-            driver = await SQLiteDriver.connect(target.sqlite_path, timeout=timeout)
+        driver = await open_driver(
+            target,
+            timeout=timeout,
+            min_size=pool_min_size,
+            max_size=pool_max_size,
+            require_synchronous_replication=require_synchronous_replication,
+        )
         queue = cls(driver)
         queue.url = target.url
         return queue

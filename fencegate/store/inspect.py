@@ -16,19 +16,15 @@ outcomes. The one exception is ``job_payload``, which only a console started wit
 from __future__ import annotations
 
 import hashlib
-import sqlite3
 from dataclasses import dataclass, field
 from typing import Any
 
-import asyncpg
 import orjson
 
-from fencegate.errors import StoreTimedOut, StoreUnavailable
+from fencegate.store.backends import NamedQueries, open_database
 from fencegate.store.dburl import DatabaseURL, parse_database_url
 from fencegate.store.key_states import KEY_STATES
-from fencegate.store.pg import PgDatabase
 from fencegate.store.queries import Queries
-from fencegate.store.sqlite_db import SQLiteDatabase, write_transaction
 
 Row = dict[str, Any]
 
@@ -50,7 +46,10 @@ class Trace:
 
 
 class Inspector:
-    def __init__(self, target: DatabaseURL, db: PgDatabase | SQLiteDatabase) -> None:
+    """The operator's reads over either store: named queries (``sql/<store>/queries/
+    inspect.sql``) run through the backend's connection layer, never a branch on which."""
+
+    def __init__(self, target: DatabaseURL, db: NamedQueries) -> None:
         self.target = target
         self._db = db
         self._q = Queries(target.kind)
@@ -58,14 +57,9 @@ class Inspector:
     @classmethod
     async def open(cls, url: str | None, *, timeout: float = 10.0) -> Inspector:
         target = parse_database_url(url)
-        if target.kind == "postgresql":
-            db: PgDatabase | SQLiteDatabase = await PgDatabase.connect(
-                target, application_name="fencegate-operator", min_size=1, max_size=4,
-                timeout=timeout,
-            )  # fmt: skip
-        else:
-            assert target.sqlite_path is not None
-            db = SQLiteDatabase(target.sqlite_path)
+        db = await open_database(
+            target, application_name="fencegate-operator", max_size=4, timeout=timeout
+        )
         return cls(target, db)
 
     async def close(self) -> None:
@@ -74,32 +68,11 @@ class Inspector:
     # -- running statements -------------------------------------------------------------
 
     async def _rows(self, name: str, *args: Any, timeout: float) -> list[Row]:
-        sql = getattr(self._q, name)
-        if isinstance(self._db, PgDatabase):
-
-            async def fetch(conn: asyncpg.Connection) -> list[Row]:
-                return [dict(r.items()) for r in await conn.fetch(sql, *args)]
-
-            return await self._db.run(fetch, timeout=timeout)
-
-        def read(conn: sqlite3.Connection) -> list[Row]:
-            return [dict(zip(r.keys(), tuple(r), strict=True)) for r in conn.execute(sql, args)]
-
-        rows: list[Row] = await self._sqlite(read, timeout=timeout)
-        return rows
+        return await self._db.fetch(getattr(self._q, name), args, timeout=timeout)
 
     async def _value(self, name: str, *args: Any, timeout: float) -> Any:
         rows = await self._rows(name, *args, timeout=timeout)
         return next(iter(rows[0].values())) if rows else None
-
-    async def _sqlite(self, fn: Any, *, timeout: float) -> Any:
-        assert isinstance(self._db, SQLiteDatabase)
-        try:
-            return await self._db.run(fn, timeout=timeout)
-        except TimeoutError as exc:
-            raise StoreTimedOut(f"no answer within {timeout:g}s") from exc
-        except Exception as exc:
-            raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from exc
 
     def _json(self, value: Any) -> Any:
         return orjson.dumps(value).decode() if value is not None else None
@@ -221,7 +194,7 @@ class Inspector:
         tokens = sorted({int(d["fence"]) for d in decisions if d["fence"] is not None})
         attempts: dict[int, Row] = {}
         if tokens:
-            arg: Any = tokens if self.target.kind == "postgresql" else orjson.dumps(tokens).decode()
+            arg = orjson.dumps(tokens).decode()
             for row in await self._rows("attempts_by_token", arg, timeout=timeout):
                 attempts[int(row["fencing_token"])] = row
         job_id = _job_of(subject)
@@ -311,16 +284,7 @@ class Inspector:
 
     async def _execute(self, name: str, *args: Any, timeout: float) -> int:
         """One statement in its own transaction; the number of rows it touched."""
-        sql = getattr(self._q, name)
-        if isinstance(self._db, PgDatabase):
-            status = await self._db.run(lambda conn: conn.execute(sql, *args), timeout=timeout)
-            return int(str(status).rsplit(" ", 1)[-1])
-
-        def run(conn: sqlite3.Connection) -> int:
-            with write_transaction(conn):
-                return conn.execute(sql, args).rowcount
-
-        return int(await self._sqlite(run, timeout=timeout))
+        return await self._db.execute(getattr(self._q, name), args, timeout=timeout)
 
 
 def _job_cursor(cursor: str | None) -> int | None:

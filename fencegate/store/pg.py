@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar, cast
 
 import asyncpg
@@ -309,6 +309,19 @@ class PgDatabase:
         finally:
             with contextlib.suppress(Exception):
                 await self.pool.release(conn, timeout=max(_left(deadline), 0.1))
+
+    async def fetch(self, sql: str, args: Sequence[Any], *, timeout: float) -> list[dict[str, Any]]:
+        """A named query's rows as dictionaries (the inspector's reads)."""
+
+        async def fetch(conn: asyncpg.Connection) -> list[dict[str, Any]]:
+            return [dict(r.items()) for r in await conn.fetch(sql, *args)]
+
+        return await self.run(fetch, timeout=timeout)
+
+    async def execute(self, sql: str, args: Sequence[Any], *, timeout: float) -> int:
+        """One statement in its own transaction; the number of rows it touched."""
+        status = await self.run(lambda conn: conn.execute(sql, *args), timeout=timeout)
+        return int(str(status).rsplit(" ", 1)[-1])
 
     async def close(self) -> None:
         try:

@@ -158,9 +158,6 @@ class PostgresGatewayStore:
         )
         return cls(db, history=history)
 
-    async def _run(self, fn: Any, *, timeout: float) -> Any:
-        return await self._db.run(fn, timeout=timeout)
-
     async def decide(self, request: DecideRequest, *, timeout: float) -> Decision:
         result = await self._steps.submit(request, timeout=timeout)
         assert isinstance(result, Decision)

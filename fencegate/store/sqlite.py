@@ -13,14 +13,12 @@ operations against both stores.
 from __future__ import annotations
 
 import sqlite3
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import orjson
 
-from fencegate.errors import StoreTimedOut, StoreUnavailable
 from fencegate.store.base import (
     DEFAULT_FENCE_TTL_SECONDS,
     DecideRequest,
@@ -34,22 +32,11 @@ from fencegate.store.base import (
 )
 from fencegate.store.batching import Batcher
 from fencegate.store.queries import Queries
-from fencegate.store.sqlite_db import SQLiteDatabase, write_transaction
+from fencegate.store.sqlite_db import SQLiteDatabase
 
 T = TypeVar("T")
 
 Q = Queries("sqlite")
-
-
-class _CallerGaveUp(Exception):
-    """The caller's timeout passed while this call waited for the write lock."""
-
-
-def _check_deadline(deadline: float) -> None:
-    # The caller has already answered 503; committing now would leave a reservation (or a
-    # nonce) behind that no one acts on, and a retry would find it in the way.
-    if time.monotonic() > deadline:
-        raise _CallerGaveUp
 
 
 def clock(conn: sqlite3.Connection) -> float:
@@ -101,32 +88,30 @@ class History:
 
 
 def decide_in(
-    conn: sqlite3.Connection, requests: list[DecideRequest], deadline: float, *, history: bool
+    conn: sqlite3.Connection, requests: list[DecideRequest], *, history: bool
 ) -> list[Decision | BaseException]:
-    """Decisions in arrival order, in one write transaction: one lock and one commit for
-    everything that queued up while the previous batch ran."""
-    with write_transaction(conn):
-        _check_deadline(deadline)
-        log = History(conn, clock(conn), keep=history)
-        decisions: list[Decision | BaseException] = []
-        for r in requests:
-            decision = _decide(conn, r, log.now)
-            decisions.append(decision)
-            log.add(
-                decision.outcome.value,
-                tenant=r.tenant,
-                entity=r.entity,
-                key=r.key,
-                fence=r.fence,
-                attempt=decision.attempt,
-                owner=r.owner,
-                request_id=r.request_id,
-                method=r.method,
-                target=r.target,
-                expires_at=log.now + r.ttl_seconds,
-            )
-        log.write()
-        return decisions
+    """Decisions in arrival order, in one write transaction (its caller's): one lock and one
+    commit for everything that queued up while the previous batch ran."""
+    log = History(conn, clock(conn), keep=history)
+    decisions: list[Decision | BaseException] = []
+    for r in requests:
+        decision = _decide(conn, r, log.now)
+        decisions.append(decision)
+        log.add(
+            decision.outcome.value,
+            tenant=r.tenant,
+            entity=r.entity,
+            key=r.key,
+            fence=r.fence,
+            attempt=decision.attempt,
+            owner=r.owner,
+            request_id=r.request_id,
+            method=r.method,
+            target=r.target,
+            expires_at=log.now + r.ttl_seconds,
+        )
+    log.write()
+    return decisions
 
 
 def _decide(conn: sqlite3.Connection, r: DecideRequest, now: float) -> Decision:
@@ -206,14 +191,13 @@ def _conditional(
     """A write on one reservation, and its history row, in one transaction."""
 
     def run(conn: sqlite3.Connection) -> bool:
-        with write_transaction(conn):
-            log = History(conn, clock(conn), keep=history)
-            row = conn.execute(sql, _held(r, log.now)).fetchone()
-            if row is None:
-                return False
-            log.add_for_key(decision, row, r, upstream_status=upstream_status)
-            log.write()
-            return True
+        log = History(conn, clock(conn), keep=history)
+        row = conn.execute(sql, _held(r, log.now)).fetchone()
+        if row is None:
+            return False
+        log.add_for_key(decision, row, r, upstream_status=upstream_status)
+        log.write()
+        return True
 
     return run
 
@@ -230,38 +214,37 @@ def _resolve(
     tenant: str, key: str, response: StoredResponse | None, resolved_by: str
 ) -> Callable[[sqlite3.Connection], ResolveResult]:
     def run(conn: sqlite3.Connection) -> ResolveResult:
-        with write_transaction(conn):
-            log = History(conn, clock(conn), keep=True)
-            which = {"tenant": tenant, "key": key, "now": log.now}
-            if response is None:
-                row = conn.execute(Q.resolve_released, which).fetchone()
-                done = ResolveResult.RELEASED
-            else:
-                answer = {
-                    "owner": resolved_by,
-                    "status": response.status,
-                    "headers": orjson.dumps(response.headers).decode(),
-                    "body": response.body,
-                    "sha256": response.sha256,
-                }
-                row = conn.execute(Q.resolve_completed, which | answer).fetchone()
-                done = ResolveResult.COMPLETED
-            if row is None:
-                found = conn.execute(Q.key_get, (tenant, key)).fetchone()
-                return ResolveResult.NOT_FOUND if found is None else ResolveResult.NOT_UNKNOWN
-            log.add(
-                f"resolved_{done.value}",
-                tenant=tenant,
-                entity=row["entity"],
-                key=key,
-                fence=row["fence"],
-                attempt=row["attempt"],
-                owner=resolved_by,
-                upstream_status=response.status if response is not None else None,
-                expires_at=row["expires_at"],
-            )
-            log.write()
-            return done
+        log = History(conn, clock(conn), keep=True)
+        which = {"tenant": tenant, "key": key, "now": log.now}
+        if response is None:
+            row = conn.execute(Q.resolve_released, which).fetchone()
+            done = ResolveResult.RELEASED
+        else:
+            answer = {
+                "owner": resolved_by,
+                "status": response.status,
+                "headers": orjson.dumps(response.headers).decode(),
+                "body": response.body,
+                "sha256": response.sha256,
+            }
+            row = conn.execute(Q.resolve_completed, which | answer).fetchone()
+            done = ResolveResult.COMPLETED
+        if row is None:
+            found = conn.execute(Q.key_get, (tenant, key)).fetchone()
+            return ResolveResult.NOT_FOUND if found is None else ResolveResult.NOT_UNKNOWN
+        log.add(
+            f"resolved_{done.value}",
+            tenant=tenant,
+            entity=row["entity"],
+            key=key,
+            fence=row["fence"],
+            attempt=row["attempt"],
+            owner=resolved_by,
+            upstream_status=response.status if response is not None else None,
+            expires_at=row["expires_at"],
+        )
+        log.write()
+        return done
 
     return run
 
@@ -287,26 +270,15 @@ class SQLiteGatewayStore:
     ) -> SQLiteGatewayStore:
         return cls(SQLiteDatabase(path, busy_timeout=busy_timeout), history=history)
 
-    async def _run(self, fn: Callable[[sqlite3.Connection], T], *, timeout: float) -> T:
-        try:
-            return await self._db.run(fn, timeout=timeout)
-        except (TimeoutError, _CallerGaveUp) as exc:
-            raise StoreTimedOut(f"no answer within {timeout:g}s") from exc
-        except Exception as exc:
-            # Any failure at the store boundary (a locked or missing file, a missing table, a
-            # closed executor) means the store could not decide: the gateway fails closed.
-            raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from exc
-
     async def decide(self, request: DecideRequest, *, timeout: float) -> Decision:
         return await self._decider.submit(request, timeout=timeout)
 
     async def _decide_many(
         self, requests: list[DecideRequest], timeout: float
     ) -> list[Decision | BaseException]:
-        deadline = time.monotonic() + timeout
         history = self.history
-        return await self._run(
-            lambda conn: decide_in(conn, requests, deadline, history=history), timeout=timeout
+        return await self._db.run(
+            lambda conn: decide_in(conn, requests, history=history), timeout=timeout, write=True
         )
 
     async def complete(
@@ -324,28 +296,27 @@ class SQLiteGatewayStore:
         history = self.history
 
         def run(conn: sqlite3.Connection) -> list[bool | BaseException]:
-            with write_transaction(conn):
-                log = History(conn, clock(conn), keep=history)
-                results: list[bool | BaseException] = []
-                for r, answer in items:
-                    row = conn.execute(
-                        Q.complete,
-                        _held(r, log.now)
-                        | {
-                            "status": answer.status,
-                            "headers": orjson.dumps(answer.headers).decode(),
-                            "body": answer.body,
-                            "sha256": answer.sha256,
-                            "too_large": int(answer.body is None),
-                        },
-                    ).fetchone()
-                    results.append(row is not None)
-                    if row is not None:
-                        log.add_for_key("completed", row, r, upstream_status=answer.status)
-                log.write()
-                return results
+            log = History(conn, clock(conn), keep=history)
+            results: list[bool | BaseException] = []
+            for r, answer in items:
+                row = conn.execute(
+                    Q.complete,
+                    _held(r, log.now)
+                    | {
+                        "status": answer.status,
+                        "headers": orjson.dumps(answer.headers).decode(),
+                        "body": answer.body,
+                        "sha256": answer.sha256,
+                        "too_large": int(answer.body is None),
+                    },
+                ).fetchone()
+                results.append(row is not None)
+                if row is not None:
+                    log.add_for_key("completed", row, r, upstream_status=answer.status)
+            log.write()
+            return results
 
-        return await self._run(run, timeout=timeout)
+        return await self._db.run(run, timeout=timeout, write=True)
 
     async def release(
         self, reservation: Reservation, *, upstream_status: int | None = None, timeout: float
@@ -357,15 +328,15 @@ class SQLiteGatewayStore:
             history=self.history,
             upstream_status=upstream_status,
         )
-        return await self._run(write, timeout=timeout)
+        return await self._db.run(write, timeout=timeout, write=True)
 
     async def release_abandoned(self, reservation: Reservation, *, timeout: float) -> bool:
         write = _conditional(Q.release_abandoned, "released", reservation, history=self.history)
-        return await self._run(write, timeout=timeout)
+        return await self._db.run(write, timeout=timeout, write=True)
 
     async def mark_unknown(self, reservation: Reservation, *, timeout: float) -> bool:
         write = _conditional(Q.mark_unknown, "marked_unknown", reservation, history=self.history)
-        return await self._run(write, timeout=timeout)
+        return await self._db.run(write, timeout=timeout, write=True)
 
     async def renew(
         self, reservation: Reservation, lease_seconds: float, *, timeout: float
@@ -373,23 +344,18 @@ class SQLiteGatewayStore:
         params = _held(reservation, 0.0) | {"lease_seconds": float(lease_seconds)}
 
         def run(conn: sqlite3.Connection) -> bool:
-            with write_transaction(conn):
-                return conn.execute(Q.renew, params).rowcount > 0
+            return conn.execute(Q.renew, params).rowcount > 0
 
-        return await self._run(run, timeout=timeout)
+        return await self._db.run(run, timeout=timeout, write=True)
 
     async def remember_nonce(
         self, key_id: str, nonce: str, ttl_seconds: float, *, timeout: float
     ) -> bool:
-        deadline = time.monotonic() + timeout
-
         def run(conn: sqlite3.Connection) -> bool:
-            with write_transaction(conn):
-                _check_deadline(deadline)
-                cur = conn.execute(Q.remember_nonce, (key_id, nonce, float(ttl_seconds)))
-                return cur.rowcount > 0
+            cur = conn.execute(Q.remember_nonce, (key_id, nonce, float(ttl_seconds)))
+            return cur.rowcount > 0
 
-        return await self._run(run, timeout=timeout)
+        return await self._db.run(run, timeout=timeout, write=True)
 
     async def purge(
         self,
@@ -412,18 +378,17 @@ class SQLiteGatewayStore:
 
     async def _purge(self, sql: str, params: dict[str, Any], timeout: float) -> int:
         def run(conn: sqlite3.Connection) -> int:
-            with write_transaction(conn):
-                return conn.execute(sql, params).rowcount
+            return conn.execute(sql, params).rowcount
 
         total = 0
         while True:
-            deleted = await self._run(run, timeout=timeout)
+            deleted = await self._db.run(run, timeout=timeout, write=True)
             total += deleted
             if deleted < params["batch"]:
                 return total
 
     async def ping(self, *, timeout: float) -> None:
-        await self._run(lambda conn: conn.execute(Q.ping).fetchone(), timeout=timeout)
+        await self._db.run(lambda conn: conn.execute(Q.ping).fetchone(), timeout=timeout)
 
     async def applied_migrations(self, *, timeout: float) -> list[str] | None:
         def read(conn: sqlite3.Connection) -> list[str] | None:
@@ -431,7 +396,7 @@ class SQLiteGatewayStore:
                 return None
             return [str(r[0]) for r in conn.execute(Q.applied_migrations)]
 
-        return await self._run(read, timeout=timeout)
+        return await self._db.run(read, timeout=timeout)
 
     async def get_key(self, tenant: str, key: str, *, timeout: float) -> KeyRecord | None:
         def read(conn: sqlite3.Connection) -> KeyRecord | None:
@@ -440,7 +405,7 @@ class SQLiteGatewayStore:
                 conn.execute(Q.get_key, {"tenant": tenant, "key": key, "now": now}).fetchone()
             )
 
-        return await self._run(read, timeout=timeout)
+        return await self._db.run(read, timeout=timeout)
 
     async def resolve_key(
         self,
@@ -451,7 +416,9 @@ class SQLiteGatewayStore:
         resolved_by: str,
         timeout: float,
     ) -> ResolveResult:
-        return await self._run(_resolve(tenant, key, response, resolved_by), timeout=timeout)
+        return await self._db.run(
+            _resolve(tenant, key, response, resolved_by), timeout=timeout, write=True
+        )
 
     async def close(self) -> None:
         await self._db.close()

@@ -1,10 +1,10 @@
 """A small asyncio front for one `sqlite3` connection.
 
 SQLite allows one writer at a time, so each store owns one connection driven by one thread;
-other processes on the host share the file through WAL and the busy timeout. Every call
-takes `timeout=`: `run` raises `asyncio.TimeoutError` instead of waiting past it; `call` also
-keeps work from running after its caller gave up, and turns every failure at the boundary
-into `StoreUnavailable`.
+other processes on the host share the file through WAL and the busy timeout. Every call goes
+through `SQLiteDatabase.run`, which holds SQLite's one deadline and error rule: it keeps work
+from running (or committing) after its caller gave up, and turns every failure at the
+boundary into `StoreUnavailable`.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import asyncio
 import contextlib
 import sqlite3
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from fencegate.errors import FencegateError, StoreTimedOut, StoreUnavailable
 
@@ -58,17 +58,15 @@ class SQLiteDatabase:
             self._close_now()
             raise
 
-    async def run(self, fn: Callable[[sqlite3.Connection], T], *, timeout: float | None) -> T:
-        loop = asyncio.get_running_loop()
-        future = loop.run_in_executor(self._executor, self._call, fn)
-        return await asyncio.wait_for(future, timeout)
-
-    async def call(
+    async def run(
         self, fn: Callable[[sqlite3.Connection], T], *, timeout: float, write: bool = False
     ) -> T:
-        """`run`, bounded and classified: with ``write``, ``fn`` runs in one BEGIN IMMEDIATE
-        transaction. Whatever fails (a timeout, a locked or missing file, a missing table, a
-        closed executor) is raised as `StoreUnavailable`: the store could not say yes or no."""
+        """``fn`` on the connection's thread, bounded and classified: the one rule every
+        SQLite caller (gateway store, lease driver, inspector, migrations) goes through. With
+        ``write``, ``fn`` runs in one BEGIN IMMEDIATE transaction. Whatever fails (a timeout,
+        a locked or missing file, a missing table, a closed executor) is raised as
+        `StoreUnavailable` (`StoreTimedOut` for the deadline): the store could not say yes or
+        no."""
         # The connection's thread gives up a little before the caller does, and checks again
         # once it holds the write lock: work that waited for the lock past the caller's
         # patience is rolled back instead of done behind the caller's back.
@@ -87,11 +85,27 @@ class SQLiteDatabase:
                 return fn(conn)
 
         try:
-            return await self.run(bounded, timeout=timeout)
+            loop = asyncio.get_running_loop()
+            future = loop.run_in_executor(self._executor, self._call, bounded)
+            return await asyncio.wait_for(future, timeout)
         except (TimeoutError, CallerGaveUp) as exc:
             raise StoreTimedOut(f"SQLite did not answer within {timeout:g}s") from exc
         except Exception as exc:
             raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from exc
+
+    async def fetch(self, sql: str, args: Sequence[Any], *, timeout: float) -> list[dict[str, Any]]:
+        """A named query's rows as dictionaries (the inspector's reads)."""
+
+        def read(conn: sqlite3.Connection) -> list[dict[str, Any]]:
+            return [dict(zip(r.keys(), tuple(r), strict=True)) for r in conn.execute(sql, args)]
+
+        return await self.run(read, timeout=timeout)
+
+    async def execute(self, sql: str, args: Sequence[Any], *, timeout: float) -> int:
+        """One statement in its own transaction; the number of rows it touched."""
+        return await self.run(
+            lambda conn: conn.execute(sql, args).rowcount, timeout=timeout, write=True
+        )
 
     def _close_now(self) -> None:
         if self._conn is not None:

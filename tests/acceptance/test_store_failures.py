@@ -196,7 +196,7 @@ async def test_every_error_at_the_store_boundary_is_store_unavailable(
         raise error
 
     with pytest.raises(StoreUnavailable) as raised:
-        await store._run(fail, timeout=5)  # type: ignore[attr-defined]
+        await store._db.run(fail, timeout=5)  # type: ignore[attr-defined]
     assert type(error).__name__ in str(raised.value)
 
 

@@ -4,7 +4,7 @@ Each write is one ``BEGIN IMMEDIATE`` transaction, which takes the database's wr
 front, so the read and the write of a claim cannot interleave with another process. Times
 are the database clock (epoch seconds), read once per transaction so that every comparison
 in it agrees. The statements are in ``sql/sqlite/queries/lease.sql``; the connection, the
-bound on each call and the error rule are `SQLiteDatabase.call`'s.
+bound on each call and the error rule are `SQLiteDatabase.run`'s.
 """
 
 from __future__ import annotations
@@ -248,7 +248,7 @@ class SQLiteDriver(Driver):
         self, fn: Callable[[sqlite3.Connection], T], *, timeout: float, write: bool = False
     ) -> T:
         self.round_trips += 1
-        return await self._db.call(fn, timeout=timeout, write=write)
+        return await self._db.run(fn, timeout=timeout, write=write)
 
     async def _fetch(self, sql: str, args: Sequence[Any], *, timeout: float) -> list[sqlite3.Row]:
         return await self._run(

@@ -76,12 +76,12 @@ FROM fencegate_job_attempts WHERE job_id = $1 ORDER BY fencing_token;
 
 -- name: attempts_by_token
 -- The lease grants behind the fences a gateway saw: tokens come from one sequence, so a
--- token names one attempt of one job.
+-- token names one attempt of one job.  $1 is a JSON array of fencing tokens, as on SQLite.
 SELECT a.job_id, a.attempt, a.fencing_token, a.owner_id, j.kind,
     extract(epoch FROM a.claimed_at)::float8 AS claimed_at,
     extract(epoch FROM a.ended_at)::float8 AS ended_at, a.outcome
 FROM fencegate_job_attempts a JOIN fencegate_jobs j ON j.id = a.job_id
-WHERE a.fencing_token = ANY($1::bigint[])
+WHERE a.fencing_token IN (SELECT jsonb_array_elements_text($1::jsonb)::bigint)
 ORDER BY a.fencing_token;
 
 -- name: stages
