@@ -7,6 +7,7 @@ PostgreSQL, the write lock on SQLite).
 
 from __future__ import annotations
 
+import re
 import sqlite3
 from typing import Literal
 
@@ -27,13 +28,18 @@ CREATE TABLE IF NOT EXISTS fencegate_migrations (
 """
 
 
+# A migration is ``NNN_what.sql``; anything else in the folder (``schema.sql``, the current
+# schema to read) is not one.
+MIGRATION_NAME = re.compile(r"[0-9]{3}_[a-z0-9_]+\.sql")
+
+
 def migration_files(kind: Literal["postgresql", "sqlite"]) -> list[tuple[str, str]]:
     """(name, sql) for every migration of one store, in order."""
     folder = store_folder(kind)
     files = sorted(
         (entry.name, entry.read_text(encoding="utf-8"))
         for entry in folder.iterdir()
-        if entry.name.endswith(".sql")
+        if MIGRATION_NAME.fullmatch(entry.name)
     )
     return files
 
