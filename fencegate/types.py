@@ -51,11 +51,6 @@ class IncomingRequest:
         name = name.lower()
         return [v for k, v in self.headers if k == name]
 
-    @property
-    def target_uri(self) -> str:
-        query = f"?{self.query_string}" if self.query_string else ""
-        return f"{self.scheme}://{self.authority}{self.path}{query}"
-
 
 class NonceStore(Protocol):
     async def remember_nonce(

@@ -1,4 +1,4 @@
-"""The decision engine: steps 2 to 7 of the gateway's decision order (DESIGN §1).
+"""The decision engine: steps 2 to 7 of the gateway's decision order (docs/protocol.md §3).
 
 It knows nothing of HTTP frameworks or database drivers. It receives an
 `IncomingRequest`, the route's policy, the tenant (step 1 happened before), a store and a

@@ -3,7 +3,7 @@
 Events carry ids, fencing tokens, hashes, durations and error codes, never payloads or
 results (a log must not become a second copy of customer data): use `digest` for those.
 
-Names (DESIGN §2): job_claimed, heartbeat_ok, heartbeat_failed, ownership_unknown,
+Names (docs/protocol.md §4): job_claimed, heartbeat_ok, heartbeat_failed, ownership_unknown,
 heartbeat_lost, tool_request_started, tool_timeout, result_committed, result_rejected,
 retry_scheduled, job_failed; and job_released, job_cancelled, stage_skipped, stage_committed,
 stage_timeout, tool_failed, worker_started, worker_stopped.

@@ -1,4 +1,4 @@
--- An unknown outcome is never forwarded again unless the route says so (DESIGN §1):
+-- An unknown outcome is never forwarded again unless the route says so (docs/protocol.md §3):
 -- an in-flight key whose lease expired is unknown like one marked so, a late answer from
 -- the holder of an unknown key still completes it, and a 409 in-flight says how long the
 -- first request may still take (from reserved_at), not how long its lease runs.

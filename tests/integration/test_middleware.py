@@ -1,4 +1,4 @@
-"""Every behaviour of the HTTP contract (DESIGN §1) through `FenceGateMiddleware`, on
+"""Every behaviour of the HTTP contract (docs/protocol.md §2, §3) through the middleware, on
 SQLite and on PostgreSQL."""
 
 from __future__ import annotations
