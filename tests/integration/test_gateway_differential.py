@@ -1,7 +1,11 @@
 """The decision order has one reference (the SQLite store's Python, `decide_in`) and one copy
 (the PostgreSQL function ``fencegate_step``). This differential test holds them together: random
-sequences of decisions, recorded answers, releases, unknown marks, renewals and moves of the
-database clock run against both stores side by side, and every answer must be the same.
+sequences of decisions (one at a time, and batches of mixed calls that travel together),
+recorded answers, releases, unknown marks, renewals, an operator's resolutions and moves of
+the database clock run against both stores side by side, and every answer must be the same;
+so must the decision history each store wrote (``fencegate_decisions``) and what the
+operator's `Inspector` reads from it (keys by state, the "unknown" count, the recent
+decisions).
 
 Moving the clock forward by N seconds is done by shifting every stored time back by N on both
 stores: the same effect, with no test hook in the stores.
@@ -27,7 +31,9 @@ from fencegate.store import (
     StoredResponse,
     open_gateway_store,
 )
-from tests.support.two_stores import migrated_pair, run_on_both
+from fencegate.store.inspect import Inspector
+from fencegate.store.key_states import KEY_STATES
+from tests.support.two_stores import migrated_pair, rows_on_both, run_on_both
 
 T = TypeVar("T")
 TIMEOUT = 30.0
@@ -40,13 +46,23 @@ _PG_SHIFT = [
     " reserved_at = reserved_at - $1::interval, created_at = created_at - $1::interval,"
     " completed_at = completed_at - $1::interval, expires_at = expires_at - $1::interval",
     "UPDATE fencegate_fences SET updated_at = updated_at - $1::interval",
+    "UPDATE fencegate_decisions SET at = at - $1::interval, expires_at = expires_at - $1::interval",
 ]
 _SQLITE_SHIFT = [
     "UPDATE fencegate_idempotency_keys SET locked_until = locked_until - ?,"
     " reserved_at = reserved_at - ?, created_at = created_at - ?,"
     " completed_at = completed_at - ?, expires_at = expires_at - ?",
     "UPDATE fencegate_fences SET updated_at = updated_at - ?",
+    "UPDATE fencegate_decisions SET at = at - ?, expires_at = expires_at - ?",
 ]
+# A history row without its times (each store's own clock) and id (each store's sequence).
+_HISTORY = (
+    "SELECT decision, tenant, entity, key, fence, attempt, owner, request_id, method, target,"
+    " upstream_status FROM fencegate_decisions"
+)
+# What an operator reads of a key, without its times.
+_KEY_FIELDS = ("tenant", "key", "state", "reason", "owner", "attempt", "entity", "fence",
+               "response_status")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -77,6 +93,7 @@ class TwoStores(RuleBasedStateMachine):
         self.owners = itertools.count(1)
         self.holders: list[Reservation] = []
         self.stores: tuple[GatewayStore, GatewayStore] | None = None
+        self.inspectors: tuple[Inspector, Inspector] | None = None
 
     def run(self, work: Coroutine[Any, Any, T]) -> T:
         return self.loop.run_until_complete(work)
@@ -87,6 +104,10 @@ class TwoStores(RuleBasedStateMachine):
         self.stores = (
             self.run(open_gateway_store(self.sqlite_url, run_migrations=False)),
             self.run(open_gateway_store(self.pg_url, run_migrations=False, pool_max_size=2)),
+        )
+        self.inspectors = (
+            self.run(Inspector.open(self.sqlite_url, timeout=TIMEOUT)),
+            self.run(Inspector.open(self.pg_url, timeout=TIMEOUT)),
         )
 
     async def _clear(self) -> None:
@@ -120,10 +141,24 @@ class TwoStores(RuleBasedStateMachine):
         fence: int | None,
         retry_unknown: bool,
     ) -> None:
+        request = self.request(tenant, key, fingerprint, entity, fence, retry_unknown)
+        lite, pg = self.both(lambda store: store.decide(request, timeout=TIMEOUT))
+        assert comparable(lite) == comparable(pg), (request, lite, pg)
+        self.hold(request, lite)
+
+    def request(
+        self,
+        tenant: str,
+        key: str | None,
+        fingerprint: str,
+        entity: str,
+        fence: int | None,
+        retry_unknown: bool,
+    ) -> DecideRequest:
         if key is None and fence is None:
             fence = 0  # the gateway only asks the store about a keyed or fenced request
         owner = f"gw/{next(self.owners)}"
-        request = DecideRequest(
+        return DecideRequest(
             tenant=tenant,
             key=key,
             fingerprint=fingerprint,
@@ -137,10 +172,58 @@ class TwoStores(RuleBasedStateMachine):
             method="POST",
             target="/x",
         )
-        lite, pg = self.both(lambda store: store.decide(request, timeout=TIMEOUT))
-        assert comparable(lite) == comparable(pg), (request, lite, pg)
-        if lite.outcome.forwards and key is not None:
-            self.holders.append(Reservation(tenant, key, owner, lite.attempt or 0, owner))
+
+    def hold(self, request: DecideRequest, decision: Decision) -> None:
+        if decision.outcome.forwards and request.key is not None:
+            owner = request.owner
+            attempt = decision.attempt or 0
+            self.holders.append(Reservation(request.tenant, request.key, owner, attempt, owner))
+
+    @rule(
+        # Distinct keys and entities within a batch: calls that travel together must not
+        # race for one row (on PostgreSQL two batches may run at once, each in its order).
+        decisions=st.lists(
+            st.tuples(
+                st.sampled_from(["t1", "t2"]),
+                st.sampled_from(["k1", "k2", "k3", None]),
+                st.sampled_from(["f1", "f1", "f2"]),
+                st.integers(0, 3),
+                st.one_of(st.none(), st.integers(0, 6)),
+                st.booleans(),
+            ),
+            min_size=2,
+            max_size=5,
+            unique_by=(lambda d: (d[0], d[1] or f"none-{d[3]}"), lambda d: (d[0], d[3])),
+        ),
+        answers=st.lists(st.integers(0, 50), max_size=3, unique=True),
+    )
+    def batch(
+        self,
+        decisions: list[tuple[str, str | None, str, int, int | None, bool]],
+        answers: list[int],
+    ) -> None:
+        """Decisions and recorded answers submitted together, so that each store takes them
+        as batches (one transaction on SQLite, one ``fencegate_step`` call on PostgreSQL)."""
+        requests = [
+            self.request(tenant, key, fingerprint, f"e{entity}", fence, retry_unknown)
+            for tenant, key, fingerprint, entity, fence, retry_unknown in decisions
+        ]
+        busy = {(r.tenant, r.key) for r in requests}
+        holders = [self.holders[i % len(self.holders)] for i in answers] if self.holders else []
+        holders = [h for h in dict.fromkeys(holders) if (h.tenant, h.key) not in busy]
+        answer = StoredResponse(201, [("content-type", "application/json")], b"{}", "h")
+
+        async def together(store: GatewayStore) -> list[Any]:
+            calls: list[Any] = [store.decide(r, timeout=TIMEOUT) for r in requests]
+            calls += [store.complete(h, answer, timeout=TIMEOUT) for h in holders]
+            return list(await asyncio.gather(*calls))
+
+        lite, pg = self.both(together)
+        n = len(requests)
+        assert [comparable(d) for d in lite[:n]] == [comparable(d) for d in pg[:n]], requests
+        assert lite[n:] == pg[n:], holders
+        for request, decision in zip(requests, lite[:n], strict=True):
+            self.hold(request, decision)
 
     @precondition(lambda self: self.holders)
     @rule(index=st.integers(0, 50), status=st.sampled_from([200, 201, 402]))
@@ -171,6 +254,24 @@ class TwoStores(RuleBasedStateMachine):
         lite, pg = self.both(lambda store: store.renew(holder, LEASE, timeout=TIMEOUT))
         assert lite == pg, holder
 
+    @rule(
+        tenant=st.sampled_from(["t1", "t2"]),
+        key=st.sampled_from(["k1", "k2", "k3"]),
+        status=st.sampled_from([None, 200, 409]),
+    )
+    def resolve(self, tenant: str, key: str, status: int | None) -> None:
+        """An operator records an answer for a key (or releases it): only a key whose outcome
+        is unknown may be resolved, on both stores alike."""
+        answer = (
+            None
+            if status is None
+            else StoredResponse(status, [("content-type", "text/plain")], b"by hand", "op")
+        )
+        lite, pg = self.both(
+            lambda store: store.resolve_key(tenant, key, answer, resolved_by="op", timeout=TIMEOUT)
+        )
+        assert lite == pg, (tenant, key, status)
+
     @rule(seconds=st.sampled_from([3.0, 11.0, 11.0, 60.0, 101.0]))
     def advance_clock(self, seconds: float) -> None:
         self.run(self._shift(seconds))
@@ -194,7 +295,41 @@ class TwoStores(RuleBasedStateMachine):
                     pg.fence,
                 ), (tenant, key)
 
+    @rule()
+    def same_history(self) -> None:
+        """The decision-history rows each store wrote (SQLite's `History`, the PostgreSQL
+        step's CTEs), as a multiset: calls that travelled together may be logged in another
+        order."""
+        if self.stores is None:
+            return
+        lite, pg = self.run(rows_on_both(self.pg_url, self.sqlite_url, _HISTORY, _HISTORY))
+        assert sorted(lite, key=repr) == sorted(pg, key=repr)
+
+    # A rule rather than an invariant: reading everything after every step would cost more
+    # than the steps; as a rule it runs between random steps, with the clock moved or not.
+    @rule()
+    def same_operator_reads(self) -> None:
+        """What the `Inspector` shows an operator: keys by state (``outcome_unknown``
+        included, an in-flight key whose lease ran out among them, with its reason), the
+        unknown count, recent decisions."""
+        if self.inspectors is None:
+            return
+
+        async def reads(inspector: Inspector) -> list[Any]:
+            found: list[Any] = []
+            for state in (None, *KEY_STATES):
+                page = await inspector.keys(state=state, limit=100, timeout=TIMEOUT)
+                found.append([tuple(row[f] for f in _KEY_FIELDS) for row in page.rows])
+            overview = await inspector.overview(timeout=TIMEOUT)
+            found.append((overview["unknown_keys"], overview["decisions_last_hour"]))
+            return found
+
+        lite_inspector, pg_inspector = self.inspectors
+        assert self.run(reads(lite_inspector)) == self.run(reads(pg_inspector))
+
     def teardown(self) -> None:
+        for inspector in self.inspectors or ():
+            self.run(inspector.close())
         if self.stores is not None:
             for store in self.stores:
                 self.run(store.close())

@@ -1,10 +1,12 @@
 """The lease queue's rules are written twice: once as PostgreSQL statements (data-modifying
 CTEs) and once as SQLite statements driven from Python. This differential test holds the two
 together: random sequences of enqueues, claims, renewals, completions, failures (with and
-without a retry), releases, cancels, stage commits and moves of the database clock run against
-both stores side by side, and every answer must be the same: True/False/None, which job each
-claim returns, job states and attempts, the attempt history, and the order of the fencing
-tokens relative to each other.
+without a retry), releases, an operator's cancels and retries, stage commits and moves of the
+database clock run against both stores side by side, and every answer must be the same:
+True/False/None, which job each claim returns, job states and attempts, the attempt history,
+the order of the fencing tokens relative to each other, and what the operator's `Inspector`
+reads (jobs by state, the queue's depth, running leases, ownership by work class, reclaimed
+leases).
 
 Job ids are compared by the order the jobs were created in (PostgreSQL's identity skips a
 value on a repeated idempotency key, SQLite's does not), tokens by their rank.
@@ -29,6 +31,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from fencegate.lease import JobNotFound, Lease, LeaseQueue
+from fencegate.store.inspect import JOB_STATES, Inspector
 from tests.support.two_stores import migrated_pair, run_on_both
 from tests.support.waits import wait_until_sync
 
@@ -45,6 +48,8 @@ STAGES = ("s1", "s2")
 MAX_JOBS = 8
 
 _SQLITE_NOW = "SELECT julianday('now')"
+# Ownership gauges measured on each store's own clock.
+_CLOCK_READINGS = ("lease_remaining_min", "heartbeat_age_max")
 _PG_CLEAR = [
     "TRUNCATE fencegate_job_stages, fencegate_job_attempts, fencegate_jobs RESTART IDENTITY",
     "ALTER SEQUENCE fencegate_fencing_tokens RESTART",
@@ -86,6 +91,7 @@ class TwoQueues(RuleBasedStateMachine):
         self.loop = asyncio.new_event_loop()
         self.keys = itertools.count(1)
         self.queues: tuple[LeaseQueue, LeaseQueue] | None = None
+        self.inspectors: tuple[Inspector, Inspector] | None = None
         # Per store, its job ids in the order the jobs were created.
         self.ids: tuple[list[int], list[int]] = ([], [])
         # Every lease either store ever granted (as a pair), current or long stale.
@@ -122,6 +128,10 @@ class TwoQueues(RuleBasedStateMachine):
         self.queues = (
             self.run(LeaseQueue.connect(self.sqlite_url, timeout=TIMEOUT)),
             self.run(LeaseQueue.connect(self.pg_url, timeout=TIMEOUT, pool_max_size=2)),
+        )
+        self.inspectors = (
+            self.run(Inspector.open(self.sqlite_url, timeout=TIMEOUT)),
+            self.run(Inspector.open(self.pg_url, timeout=TIMEOUT)),
         )
 
     async def _clear(self) -> None:
@@ -221,18 +231,23 @@ class TwoQueues(RuleBasedStateMachine):
         lite, pg = self.both(lambda q, side: q.release(pair[side], timeout=TIMEOUT))
         assert lite == pg, pair
 
-    @rule(job=st.integers(0, MAX_JOBS))
-    def cancel(self, job: int) -> None:
+    @rule(job=st.integers(0, MAX_JOBS), action=st.sampled_from(["cancel", "retry"]))
+    def operator(self, job: int, action: str) -> None:
+        """An operator cancels a job, or retries a failed or cancelled one (the console's and
+        the command line's actions both go through these `LeaseQueue` methods)."""
+
         async def attempt(q: LeaseQueue, side: int) -> bool | None:
             ids = self.ids[side]
             job_id = ids[job] if job < len(ids) else 10**9
             try:
-                return await q.cancel(job_id, reason="stop", timeout=TIMEOUT)
+                if action == "cancel":
+                    return await q.cancel(job_id, reason="stop", timeout=TIMEOUT)
+                return await q.retry(job_id, timeout=TIMEOUT)
             except JobNotFound:
                 return None
 
         lite, pg = self.both(attempt)
-        assert lite == pg, job
+        assert lite == pg, (job, action)
 
     @precondition(lambda self: self.leases)
     @rule(index=st.integers(0, 50), name=st.sampled_from(STAGES), result=st.integers(0, 3))
@@ -301,7 +316,49 @@ class TwoQueues(RuleBasedStateMachine):
         lite, pg = self.both(self._snapshot)
         assert lite == pg
 
+    async def _operator_reads(self, inspector: Inspector, side: int) -> list[Any]:
+        found: list[Any] = []
+        for state in (None, *JOB_STATES):
+            page = await inspector.jobs(state=state, limit=100, timeout=TIMEOUT)
+            found.append(
+                [
+                    (self.job(side, row["id"]), row["kind"], row["state"], row["owner_id"],
+                     row["attempt"], row["max_attempts"], row["has_error"])
+                    for row in page.rows
+                ]
+            )  # fmt: skip
+        overview = await inspector.overview(timeout=TIMEOUT)
+        found.append(overview["queue_depth"])
+        found.append(overview["reclaimed_leases"])
+        found.append(
+            sorted((self.job(side, r["id"]), r["owner_id"]) for r in overview["running_leases"])
+        )
+        found.append(
+            [
+                {
+                    k: v
+                    for k, v in row.items()
+                    if k not in ("lease_remaining_min", "heartbeat_age_max")
+                }
+                for row in await inspector.ownership(timeout=TIMEOUT)
+            ]
+        )
+        return found
+
+    # A rule rather than an invariant: reading everything after every step would cost more
+    # than the steps; as a rule it runs between random steps, with the clock moved or not.
+    @rule()
+    def same_operator_reads(self) -> None:
+        if self.inspectors is None:
+            return
+        lite_inspector, pg_inspector = self.inspectors
+        lite = self.run(self._operator_reads(lite_inspector, 0))
+        pg = self.run(self._operator_reads(pg_inspector, 1))
+        assert lite == pg
+
     def teardown(self) -> None:
+        for inspector in self.inspectors or ():
+            self.run(inspector.close())
         if self.queues is not None:
             for queue in self.queues:
                 self.run(queue.close())

@@ -9,6 +9,7 @@ import sqlite3
 from collections.abc import Iterator, Sequence
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import pytest
@@ -54,3 +55,17 @@ async def run_on_both(
     with sqlite3.connect(Path(sqlite_url.removeprefix("sqlite:///"))) as db:
         for sql in sqlite_statements:
             db.execute(sql, () if seconds is None else (seconds,) * sql.count("?"))
+
+
+async def rows_on_both(
+    pg_url: str, sqlite_url: str, pg_sql: str, sqlite_sql: str
+) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """One read on each store, as (SQLite rows, PostgreSQL rows) of plain tuples."""
+    conn = await asyncpg.connect(pg_url)
+    try:
+        pg_rows = [tuple(row) for row in await conn.fetch(pg_sql)]
+    finally:
+        await conn.close()
+    with sqlite3.connect(Path(sqlite_url.removeprefix("sqlite:///"))) as db:
+        lite_rows = [tuple(row) for row in db.execute(sqlite_sql)]
+    return lite_rows, pg_rows
