@@ -147,8 +147,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._keep_fragment()
 
     def on_response_complete(self) -> None:
+        pipelined = bool(self.pipeline)  # the next request starts now, if one is queued
         super().on_response_complete()
-        if not self.transport.is_closing() and not self.pipeline:
+        if not pipelined and not self.transport.is_closing():
             self._waiting[self] = None
 
     def _wait_for_head(self) -> None:

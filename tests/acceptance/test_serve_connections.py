@@ -215,3 +215,18 @@ def test_blank_lines_between_requests_do_not_keep_a_connection_open(
                 time.sleep(0.3)  # the client's pace, faster than the idle timeout
     assert closed_after is not None, "blank lines kept the connection open for 15 s"
     assert closed_after <= 2 + 3
+
+
+def test_pipelined_requests_are_each_answered(upstream: UpstreamProcess, tmp_path: Path) -> None:
+    """Two requests in one write: the second head waits behind the first response and is
+    neither timed out nor counted as idle."""
+    keys = [f"pipe-{n}-{uuid.uuid4().hex[:6]}" for n in range(2)]
+    with GatewayProcess(
+        upstream=upstream.url, workdir=tmp_path, extra_args=["--header-timeout", "1"]
+    ) as gateway:
+        with contextlib.closing(connect(gateway.port)) as sock:
+            slow = request_bytes("/charges?delay=1.5", keys[0])
+            sock.sendall(slow + request_bytes("/charges", keys[1]))
+            first, second = read_response(sock), read_response(sock)
+    assert first.startswith(b"HTTP/1.1 200 ") and keys[0].encode() in first
+    assert second.startswith(b"HTTP/1.1 200 ") and keys[1].encode() in second
