@@ -8,7 +8,11 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from fencegate.errors import FencegateError
+# CommandError lives below every part (the subcommands raise it, and the store check this
+# file runs before them too); importable from here as it always was.
+from fencegate.errors import CommandError
+
+__all__ = ["SUBCOMMANDS", "CommandError", "build_parser", "main"]
 
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -88,10 +92,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CommandError as exc:
         print(f"fencegate {args.command}: error: {exc}", file=sys.stderr)
         return 2
-
-
-class CommandError(FencegateError):
-    """A user-facing failure: printed as one clear line, exit status 2."""
 
 
 if __name__ == "__main__":

@@ -26,3 +26,8 @@ def unsent(error: StoreUnavailable) -> StoreUnavailable:
 
 class StoreTimedOut(StoreUnavailable):
     """The store did not answer within the caller's timeout (which the message names)."""
+
+
+class CommandError(FencegateError):
+    """A user-facing failure of a ``fencegate`` command: printed as one clear line, exit
+    status 2."""

@@ -8,9 +8,9 @@ import argparse
 
 import orjson
 
-from fencegate.cli import CommandError
 from fencegate.commands.migrate import run_on_store
 from fencegate.commands.output import add_common, print_json, print_table
+from fencegate.errors import CommandError
 from fencegate.store.inspect import Inspector, Row
 
 _COLUMNS = ("at", "actor", "action", "tenant", "subject", "reason", "change")

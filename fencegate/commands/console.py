@@ -10,10 +10,10 @@ from __future__ import annotations
 import argparse
 import os
 
-from fencegate.cli import CommandError
 from fencegate.commands.existing_store import require_existing_store
 from fencegate.commands.migrate import add_database_url, run_on_store
 from fencegate.console.auth import TokenConfigError, load_tokens
+from fencegate.errors import CommandError
 from fencegate.store.inspect import Inspector
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from fencegate.cli import CommandError
+from fencegate.errors import CommandError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

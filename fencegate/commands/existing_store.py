@@ -13,7 +13,7 @@ import sqlite3
 
 import asyncpg
 
-from fencegate.cli import CommandError
+from fencegate.errors import CommandError
 from fencegate.store.dburl import DatabaseURL, parse_database_url
 from fencegate.store.pg import single_connection
 from fencegate.store.queries import Queries

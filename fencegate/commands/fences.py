@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import argparse
 
-from fencegate.cli import CommandError
 from fencegate.commands.migrate import run_on_store
 from fencegate.commands.output import add_common, print_fields, print_json, print_table
+from fencegate.errors import CommandError
 from fencegate.store.inspect import Inspector, Trace
 
 _COLUMNS = ("at", "what", "token", "key", "owner", "request_id", "method", "target")

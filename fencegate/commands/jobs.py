@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import re
 
-from fencegate.cli import CommandError
 from fencegate.commands.migrate import run_on_store
 from fencegate.commands.output import (
     add_actor,
@@ -21,6 +20,7 @@ from fencegate.commands.output import (
     print_json,
     print_table,
 )
+from fencegate.errors import CommandError
 from fencegate.lease import LeaseQueue
 from fencegate.operator_actions import cancel_job, retry_job
 from fencegate.store.inspect import JOB_STATES, Inspector, Page, Row

@@ -15,7 +15,6 @@ import os
 import shlex
 from pathlib import Path
 
-from fencegate.cli import CommandError
 from fencegate.commands.migrate import add_database_url, run_on_store
 from fencegate.commands.output import (
     add_actor,
@@ -24,6 +23,7 @@ from fencegate.commands.output import (
     print_json,
     print_table,
 )
+from fencegate.errors import CommandError
 from fencegate.operator_actions import key_fields, key_history, resolve_key, stored_answer
 from fencegate.store import (
     KeyRecord,

@@ -8,7 +8,7 @@ import os
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from fencegate.cli import CommandError
+from fencegate.errors import CommandError
 from fencegate.store import StoreUnavailable
 from fencegate.store.dburl import parse_database_url
 from fencegate.store.migrations import migrate

@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 import os
 
-from fencegate.cli import CommandError
 from fencegate.commands.migrate import add_database_url, run_on_store
+from fencegate.errors import CommandError
 from fencegate.gateway.config import DAY
 from fencegate.store import PurgeCounts, open_gateway_store
 

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import orjson
 
-from fencegate.cli import CommandError
+from fencegate.errors import CommandError
 from fencegate.gateway.config import ConfigError, GatewayConfig, load_config
 from fencegate.gateway.metrics import MULTIPROC_ENV
 from fencegate.types import Authenticator

@@ -13,7 +13,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from fencegate.cli import CommandError
+from fencegate.errors import CommandError
 from fencegate.signing.keys import ALGORITHMS, KeyConfigError
 from fencegate.signing.sign import HttpSigner
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import argparse
 
-from fencegate.cli import CommandError
 from fencegate.commands.migrate import run_on_store
 from fencegate.commands.output import add_common, print_json, print_table, readable
+from fencegate.errors import CommandError
 from fencegate.store.inspect import Inspector, Trace
 
 _COLUMNS = ("at", "source", "what", "token", "worker", "job_id", "attempt", "owner", "key",
