@@ -33,6 +33,7 @@ from fencegate.gateway.routes import RoutePolicy, RouteTable
 from fencegate.gateway.upstream import AppUpstream
 from fencegate.problems import Problem
 from fencegate.store import GatewayStore, open_gateway_store
+from fencegate.store.replication import ReplicationNotSynchronous
 from fencegate.store.schema import SchemaMismatch, operator_store_argument, require_schema
 from fencegate.types import ASGIApp, Authenticator, Message, Receive, Scope, Send
 
@@ -179,7 +180,7 @@ class FencegateMiddleware:
             if message["type"] == "lifespan.startup.complete":
                 try:
                     await self._open()
-                except SchemaMismatch as exc:
+                except (SchemaMismatch, ReplicationNotSynchronous) as exc:
                     # The server reports this and does not start: one clear line, once.
                     await send({"type": "lifespan.startup.failed", "message": f"fencegate: {exc}"})
                     return

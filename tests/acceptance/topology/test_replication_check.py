@@ -11,11 +11,14 @@ from collections.abc import AsyncIterator, Iterator
 
 import asyncpg
 import pytest
+from starlette.applications import Starlette
 
+from fencegate import FencegateMiddleware
 from fencegate.errors import StoreUnavailable
 from fencegate.lease import LeaseQueue
 from fencegate.store.migrations import migrate
 from fencegate.store.replication import ReplicationNotSynchronous
+from tests.integration.test_middleware_schema import start, stop
 from tests.support import postgres
 from tests.support.gateway import GatewayProcess
 from tests.support.processes import child_env
@@ -100,6 +103,16 @@ async def test_an_asynchronous_standby_is_one_warning_line_and_the_flag_refuses(
 
     with pytest.raises(ReplicationNotSynchronous):
         await LeaseQueue.connect(database, timeout=10, require_synchronous_replication=True)
+
+    # The middleware refuses its service's start the same way (one line), and otherwise warns.
+    service = Starlette()
+    service.add_middleware(
+        FencegateMiddleware, database_url=database, require_synchronous_replication=True
+    )
+    reply, inbox, task = await start(service)
+    assert reply["type"] == "lifespan.startup.failed"
+    assert RISK in reply["message"] and "\n" not in reply["message"]
+    await stop(inbox, task)
 
 
 async def test_a_synchronous_standby_is_silent_and_accepted(
