@@ -4,7 +4,9 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     FENCEGATE_HOST=0.0.0.0 \
-    FENCEGATE_PORT=8080
+    FENCEGATE_PORT=8080 \
+    FENCEGATE_CONSOLE_HOST=0.0.0.0 \
+    FENCEGATE_CONSOLE_PORT=8090
 
 WORKDIR /src
 COPY pyproject.toml README.md ./
@@ -18,7 +20,11 @@ USER fencegate
 WORKDIR /var/lib/fencegate
 VOLUME ["/var/lib/fencegate"]
 
-EXPOSE 8080
+# 8080: the gateway; 8090: the operator's console, when the container runs it instead:
+#   docker run -p 8090:8090 -e FENCEGATE_CONSOLE_TOKENS_FILE=/run/secrets/tokens.toml \
+#       -e FENCEGATE_DATABASE_URL=postgresql://… --entrypoint fencegate IMAGE console
+# Inside a container it listens on every interface (the published port is the boundary).
+EXPOSE 8080 8090
 HEALTHCHECK --interval=10s --timeout=3s --start-period=10s --retries=3 \
     CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/healthz' % os.environ.get('FENCEGATE_PORT', '8080'), timeout=2)"]
 

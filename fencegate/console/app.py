@@ -8,6 +8,7 @@ import os
 import secrets
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from importlib import resources
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -94,6 +95,8 @@ def create_console_app(
             await console.close()
 
     routes = [
+        # Browsers ask for /favicon.ico on every page: answer it, not with a 404.
+        Route("/favicon.ico", _favicon, methods=["GET"]),
         Route("/login", signin.login_form, methods=["GET"]),
         Route("/login", signin.login, methods=["POST"]),
         Route("/logout", signin.logout, methods=["POST"]),
@@ -117,6 +120,15 @@ def create_console_app(
     app.state.console = console
     app.add_middleware(SecurityHeaders)
     return app
+
+
+_FAVICON = resources.files("fencegate.console").joinpath("static", "favicon.svg").read_bytes()
+
+
+async def _favicon(request: Request) -> Response:
+    return Response(
+        _FAVICON, media_type="image/svg+xml", headers={"cache-control": "public, max-age=86400"}
+    )
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import aiohttp
 
+from fencegate.lease.error_summary import ErrorSummary, default_error_summary, error_record
 from fencegate.lease.errors import StoreUnavailable
 from fencegate.lease.events import EventLog, digest
 from fencegate.lease.execution import (
@@ -89,11 +90,6 @@ def default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
 
-def error_record(exc: BaseException) -> dict[str, str]:
-    """What goes into the job's ``error``: the class and message, never a traceback."""
-    return {"type": type(exc).__name__, "message": str(exc)[:500]}
-
-
 class Worker:
     def __init__(
         self,
@@ -114,6 +110,7 @@ class Worker:
         http_timeout: float = 30.0,
         heartbeat_store: Callable[[], Awaitable[RenewingStore]] | None = None,
         require_synchronous_replication: bool = False,
+        error_summary: ErrorSummary = default_error_summary,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -134,6 +131,8 @@ class Worker:
         self.ownership_margin_seconds = ownership_margin_seconds
         self.store_timeout = store_timeout
         self.poll_seconds = poll_seconds
+        # The line every operator sees about a failure (the message itself is payload-like).
+        self.error_summary = error_summary
         self.http_timeout = http_timeout
         self._queue_arg = queue
         self._heartbeat_store = heartbeat_store
@@ -586,7 +585,7 @@ class Worker:
         self, job: JobContext, error: BaseException, *, code: str, permanent: bool = False
     ) -> None:
         execution = job.execution
-        record = error_record(error)
+        record = error_record(error, self.error_summary)
         accepted = await self._conditional(
             execution,
             lambda t: self._q().fail(execution.lease, record, permanent=permanent, timeout=t),

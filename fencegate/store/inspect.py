@@ -143,7 +143,7 @@ class Inspector:
         job["error"] = _error_summary(job.get("error"))
         attempts = await self._rows("attempts", job_id, timeout=timeout)
         for attempt in attempts:
-            attempt["error"] = _error_summary(attempt.get("error"))
+            attempt["error"] = _error_summary(attempt.get("error"), outcome=attempt["outcome"])
         job["attempts"] = attempts
         job["stages"] = await self._rows("stages", job_id, timeout=timeout)
         return job
@@ -206,12 +206,21 @@ class Inspector:
                     {"at": stage["committed_at"], "source": "stage", "what": "stage_committed",
                      "job_id": job_id, "token": stage["fencing_token"], "stage": stage["name"]}
                 )  # fmt: skip
+        # A token number alone does not say a request came from this queue: any caller may
+        # send any fence. The worker behind a request is the holder of the lease its token
+        # came from only when the request also carried that job's identity, as the fenced
+        # clients send it (the job's key + step, or the entity job:<id>).
+        shown = {token: a for token, a in attempts.items() if job_id == a["job_id"]}
         for event in events:
-            # The worker behind each request: the holder of the lease its token came from.
-            grant = attempts.get(event["token"]) if event.get("token") is not None else None
-            if event["source"] == "gateway":
-                event["worker"] = grant["owner_id"] if grant is not None else None
-        for attempt in attempts.values():
+            if event["source"] != "gateway":
+                continue
+            grant = attempts.get(event["token"]) if event["token"] is not None else None
+            if grant is not None and _carries_job_identity(event, grant):
+                event["worker"] = grant["owner_id"]
+                shown[event["token"]] = grant
+            else:
+                event["worker"] = None
+        for attempt in shown.values():
             events.extend(_attempt_events(attempt))
         events.sort(key=lambda e: (e["at"] or 0.0, e["source"] != "lease"))
         fence = await self._rows("fence", tenant, subject, timeout=timeout)
@@ -302,14 +311,33 @@ def _job_of(subject: str) -> int | None:
     return int(rest) if prefix == "job" and rest.isdigit() else None
 
 
-def _error_summary(error: Any) -> Row | None:
-    """A stored error as its code and a hash: its text may quote the payload."""
+def _carries_job_identity(decision: Row, attempt: Row) -> bool:
+    """The request named the attempt's job: the entity ``job:<id>``, or a key the job's
+    fenced client made (its idempotency key, ``:``, the step)."""
+    if decision["entity"] == f"job:{attempt['job_id']}":
+        return True
+    job_key = attempt.get("idempotency_key")
+    return bool(job_key) and (decision["key"] or "").startswith(f"{job_key}:")
+
+
+def _error_summary(error: Any, *, outcome: str | None = None) -> Row | None:
+    """A stored error as the operator sees it: its code, the worker's redacted summary, and a
+    hash of the whole (its full message may quote the payload: `job_payload` only)."""
     if error is None:
         return None
     value = orjson.loads(error) if isinstance(error, str | bytes) else error
-    code = value.get("code") or value.get("type") if isinstance(value, dict) else None
     digest = hashlib.sha256(orjson.dumps(value, option=orjson.OPT_SORT_KEYS)).hexdigest()
-    return {"code": code, "sha256": digest[:16]}
+    if isinstance(value, str):
+        # The queue's own words ("lease expired on attempt 1 of 3"): no payload in them.
+        code = (
+            "lease_expired"
+            if outcome == "lease_expired" or value.startswith("lease expired")
+            else "error"
+        )
+        return {"code": code, "summary": value, "sha256": digest[:16]}
+    fields = value if isinstance(value, dict) else {}
+    named = fields.get("code") or fields.get("type") or "error"
+    return {"code": named, "summary": fields.get("summary"), "sha256": digest[:16]}
 
 
 def _attempt_events(attempt: Row) -> list[Row]:

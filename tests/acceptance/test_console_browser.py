@@ -66,16 +66,14 @@ pytestmark = [
 T = 20_000  # ms for each browser wait: the machine is shared
 
 
-@pytest.fixture
-def console(store_url: str, tmp_path: Path) -> Iterator[tuple[str, str, int]]:
-    """The store with the story in it, and `fencegate console` serving it; (url, base, job)."""
-    job, _, _ = asyncio.run(two_workers_one_fenced_off(store_url))
+def start_console(store_url: str, tmp_path: Path, *options: str) -> Iterator[str]:
+    """`fencegate console` on the store; yields its base URL."""
     tokens = tmp_path / "tokens.toml"
     tokens.write_text(TOKENS_TOML)
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "fencegate.cli", "console", "--database-url", store_url,
-         "--port", str(port), "--tokens", str(tokens), "--refresh-seconds", "300"],
+         "--port", str(port), "--tokens", str(tokens), "--refresh-seconds", "300", *options],
         env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
@@ -84,9 +82,27 @@ def console(store_url: str, tmp_path: Path) -> Iterator[tuple[str, str, int]]:
         except TimeoutError:
             stop_process(proc, timeout=5)
             pytest.fail(f"the console did not start: {proc.stdout.read() if proc.stdout else ''}")
-        yield store_url, f"http://127.0.0.1:{port}", job
+        yield f"http://127.0.0.1:{port}"
     finally:
         stop_process(proc, timeout=10)
+
+
+@pytest.fixture
+def console(store_url: str, tmp_path: Path) -> Iterator[tuple[str, str, int]]:
+    """The store with the story in it, and `fencegate console` serving it; (url, base, job)."""
+    job, _, _ = asyncio.run(two_workers_one_fenced_off(store_url))
+    for base in start_console(store_url, tmp_path):
+        yield store_url, base, job
+
+
+@pytest.fixture
+def console_showing_payloads(
+    console: tuple[str, str, int], tmp_path: Path
+) -> Iterator[tuple[str, int]]:
+    """A second console on the same story, started with --show-payloads; (base, job)."""
+    store_url, _, job = console
+    for base in start_console(store_url, tmp_path, "--show-payloads"):
+        yield base, job
 
 
 async def key_record(url: str) -> Any:
@@ -258,3 +274,45 @@ async def test_state_filters_show_the_chosen_state_in_the_operators_vocabulary(
     await expect(page.locator("#jobs tbody tr")).to_have_count(1)
     await page.goto(f"{base}/key?tenant=acme&key={KEY}")
     await expect(page.locator("h1")).to_contain_text("upstream_timeout")
+
+
+async def test_a_failed_job_says_why_and_the_full_message_only_when_payloads_are_shown(
+    console: tuple[str, str, int], console_showing_payloads: tuple[str, int], browser: Any
+) -> None:
+    _, base, job = console
+    page = await signed_in(browser, base, "watcher")
+    await page.goto(f"{base}/jobs/{job}")
+    error = page.locator("#job-error")
+    await expect(error).to_contain_text("charge_timeout")
+    await expect(error).to_contain_text("card <number> declined for c-1048")
+    expired, failed = page.locator("#attempts li").nth(0), page.locator("#attempts li").nth(1)
+    await expect(expired).to_contain_text("lease_expired")
+    await expect(expired).to_contain_text("lease expired on attempt 1 of 3")
+    await expect(expired).not_to_contain_text("error")
+    await expect(failed).to_contain_text("card <number> declined")
+    assert "4242" not in await page.content()
+    await expect(page.locator("#error-in-full")).to_have_count(0)
+
+    shown_base, shown_job = console_showing_payloads
+    shown = await signed_in(browser, shown_base, "watcher")
+    await shown.goto(f"{shown_base}/jobs/{shown_job}")
+    await expect(shown.locator("#error-in-full")).to_contain_text(
+        "card 4242 4242 4242 4242 declined for c-1048"
+    )
+
+
+async def test_the_favicon_is_served_and_no_page_resource_is_missing(
+    console: tuple[str, str, int], browser: Any
+) -> None:
+    _, base, job = console
+    page = await signed_in(browser, base, "watcher")
+    missing: list[str] = []
+    page.on("response", lambda r: missing.append(r.url) if r.status >= 400 else None)
+    for path in ("/", "/keys", "/jobs", f"/jobs/{job}", "/audit"):
+        await page.goto(f"{base}{path}")
+        await page.wait_for_load_state("networkidle")
+    icon = await page.request.get(f"{base}/favicon.ico")
+    assert icon.status == 200
+    assert icon.headers["content-type"] == "image/svg+xml"
+    assert (await icon.body()).startswith(b"<svg")
+    assert missing == []

@@ -16,6 +16,7 @@ import pytest
 
 from fencegate import FenceGateMiddleware
 from fencegate.gateway.routes import RoutePolicy
+from fencegate.store import open_gateway_store
 from tests.support import postgres
 from tests.support.asgi import call
 from tests.support.echo_app import EchoApp
@@ -23,6 +24,7 @@ from tests.support.processes import child_env
 from tests.support.stories import (
     LEASE_EXPIRED_BODY,
     gateway_stopped_in_flight,
+    request,
     two_workers_one_fenced_off,
 )
 
@@ -194,3 +196,45 @@ def test_audit_list_shows_who_did_what_and_why(store_url: str) -> None:
     text = fencegate("audit", "list", "--database-url", store_url).stdout
     assert "operator:night-op" in text and "keys.resolve_released" in text
     assert "state outcome_unknown -> None" in text
+
+
+async def a_foreign_request_with_a_queue_token(url: str, token: int) -> None:
+    """A caller outside the queue sends a fence that happens to equal a job's token."""
+    store = await open_gateway_store(url, run_migrations=False)
+    try:
+        decision = await store.decide(
+            request(token, "gw/9", "manual:refund-9", "invoice:inv-9"), timeout=30
+        )
+        assert decision.outcome == "reserved"
+    finally:
+        await store.close()
+
+
+def test_a_request_is_attributed_to_a_worker_only_when_it_carries_the_jobs_identity(
+    store_url: str,
+) -> None:
+    job, first, _ = asyncio.run(two_workers_one_fenced_off(store_url))
+    asyncio.run(a_foreign_request_with_a_queue_token(store_url, first))
+
+    foreign = orjson.loads(
+        fencegate("trace", "invoice:inv-9", "--json", "--database-url", store_url).stdout
+    )
+    [decision] = foreign["events"]
+    assert (decision["source"], decision["token"], decision["worker"]) == ("gateway", first, None)
+    shown = orjson.loads(
+        fencegate("keys", "show", "manual:refund-9", "--tenant", "acme", "--json",
+                  "--database-url", store_url).stdout
+    )  # fmt: skip
+    assert [h["worker"] for h in shown["history"]] == [None]
+
+    # The job's own requests (its key and entity job:<id>) still name their workers.
+    ours = orjson.loads(
+        fencegate("trace", f"job:{job}", "--json", "--database-url", store_url).stdout
+    )
+    workers = {e["what"]: e["worker"] for e in ours["events"] if e["source"] == "gateway"}
+    assert (workers["reserved"], workers["stale"]) == ("worker-2", "worker-1")
+    charge = orjson.loads(
+        fencegate("trace", "capture:inv-1:POST /v1/charges", "--tenant", "acme", "--json",
+                  "--database-url", store_url).stdout
+    )  # fmt: skip
+    assert "heartbeat_lost" in [e["what"] for e in charge["events"]]

@@ -7,6 +7,7 @@ from typing import Any
 
 from fencegate.gateway.fingerprint import request_fingerprint
 from fencegate.lease import LeaseQueue
+from fencegate.lease.error_summary import error_record
 from fencegate.store import DecideRequest, Reservation, open_gateway_store
 from tests.support.waits import wait_until
 
@@ -48,7 +49,9 @@ async def two_workers_one_fenced_off(url: str) -> tuple[int, int, int]:
         assert await store.mark_unknown(holder, timeout=30)  # the charge timed out
         stale = await store.decide(request(first.fencing_token, "gw/2", key, entity), timeout=30)
         assert stale.outcome == "stale"
-        error = {"code": "charge_timeout", "message": "card 4242 4242 declined for c-1048"}
+        # As a worker records it: the message may quote the payload, the summary is masked.
+        failure = TimeoutError("card 4242 4242 4242 4242 declined for c-1048")
+        error = {"code": "charge_timeout", **error_record(failure)}
         assert await queue.fail(second, error, retry_in=None)
         return job, first.fencing_token, second.fencing_token
     finally:

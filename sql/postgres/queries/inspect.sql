@@ -76,8 +76,10 @@ FROM fencegate_job_attempts WHERE job_id = $1 ORDER BY fencing_token;
 
 -- name: attempts_by_token
 -- The lease grants behind the fences a gateway saw: tokens come from one sequence, so a
--- token names one attempt of one job.  $1 is a JSON array of fencing tokens, as on SQLite.
-SELECT a.job_id, a.attempt, a.fencing_token, a.owner_id, j.kind,
+-- token names one attempt of one job (if the fence came from this queue at all: the trace
+-- checks the request also carried the job's key or entity). $1 is a JSON array of fencing
+-- tokens, as on SQLite.
+SELECT a.job_id, a.attempt, a.fencing_token, a.owner_id, j.kind, j.idempotency_key,
     extract(epoch FROM a.claimed_at)::float8 AS claimed_at,
     extract(epoch FROM a.ended_at)::float8 AS ended_at, a.outcome
 FROM fencegate_job_attempts a JOIN fencegate_jobs j ON j.id = a.job_id
@@ -133,8 +135,10 @@ FROM fencegate_audit WHERE ($1::text IS NULL OR tenant = $1 OR tenant IS NULL)
 ORDER BY id DESC LIMIT $2;
 
 -- name: job_payload
--- Only for a console started with --show-payloads: what the job was given and what it returned.
-SELECT payload::text AS payload, result::text AS result FROM fencegate_jobs WHERE id = $1;
+-- Only for a console started with --show-payloads: what the job was given, what it returned,
+-- and its error in full (a message may quote the payload).
+SELECT payload::text AS payload, result::text AS result, error::text AS error
+FROM fencegate_jobs WHERE id = $1;
 
 -- name: ownership_by_kind
 -- The seed's ownership gauges, by work class, read from the queue itself: the console and a

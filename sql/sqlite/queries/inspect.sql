@@ -62,7 +62,7 @@ FROM fencegate_job_attempts WHERE job_id = ?1 ORDER BY fencing_token;
 
 -- name: attempts_by_token
 -- ?1 is a JSON array of fencing tokens.
-SELECT a.job_id, a.attempt, a.fencing_token, a.owner_id, j.kind, a.claimed_at, a.ended_at,
+SELECT a.job_id, a.attempt, a.fencing_token, a.owner_id, j.kind, j.idempotency_key, a.claimed_at, a.ended_at,
     a.outcome
 FROM fencegate_job_attempts a JOIN fencegate_jobs j ON j.id = a.job_id
 WHERE a.fencing_token IN (SELECT value FROM json_each(?1))
@@ -113,8 +113,9 @@ FROM fencegate_audit WHERE (?1 IS NULL OR tenant = ?1 OR tenant IS NULL)
 ORDER BY id DESC LIMIT ?2;
 
 -- name: job_payload
--- Only for a console started with --show-payloads: what the job was given and what it returned.
-SELECT payload, result FROM fencegate_jobs WHERE id = ?1;
+-- Only for a console started with --show-payloads: what the job was given, what it returned,
+-- and its error in full (a message may quote the payload).
+SELECT payload, result, error FROM fencegate_jobs WHERE id = ?1;
 
 -- name: ownership_by_kind
 SELECT kind,
