@@ -37,6 +37,8 @@ class IncomingRequest:
     # The caller's X-Request-Id when it is a sane one, else one made up for this request:
     # it ties the decision log, the decision history and the upstream's logs together.
     request_id: str = ""
+    # The target ended in "?" with nothing after it: forwarded so, byte for byte.
+    empty_query: bool = False
 
     @property
     def route_path(self) -> str:
@@ -45,7 +47,9 @@ class IncomingRequest:
     @property
     def target(self) -> str:
         """The request target as sent: path and query."""
-        return f"{self.path}?{self.query_string}" if self.query_string else self.path
+        if self.query_string or self.empty_query:
+            return f"{self.path}?{self.query_string}"
+        return self.path
 
     def header_values(self, name: str) -> list[str]:
         name = name.lower()

@@ -98,6 +98,7 @@ def incoming_request(
         headers=tuple(headers),
         body=body,
         decoded_path=target.route_path,
+        empty_query=target.empty_query,
         request_id=request_id or request_id_of(scope),
     )
 

@@ -32,6 +32,7 @@ from typing import Any
 import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from fencegate.gateway.http_protocol import mark_empty_query
 from fencegate.problems import Problem
 
 logger = logging.getLogger("fencegate.gateway")
@@ -145,6 +146,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().on_headers_complete()
         if b"#" in self.url:
             self._keep_fragment()
+        if self.url.endswith(b"?"):
+            mark_empty_query(self.url, self.scope)
 
     def on_response_complete(self) -> None:
         pipelined = bool(self.pipeline)  # the next request starts now, if one is queued

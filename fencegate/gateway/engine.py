@@ -12,7 +12,6 @@ import asyncio
 import hashlib
 import itertools
 import logging
-import math
 import os
 import shlex
 import socket
@@ -26,6 +25,7 @@ from fencegate.gateway.decisions import DecisionTrace, decision_of
 from fencegate.gateway.fingerprint import request_fingerprint
 from fencegate.gateway.headers import NOT_REPLAYED
 from fencegate.gateway.health import DecisionOutcomes
+from fencegate.gateway.latency import RouteLatency, retry_after_seconds
 from fencegate.gateway.metrics import GatewayMetrics
 from fencegate.gateway.recorder import ABANDON, OwedWrite, PendingWrites, Write
 from fencegate.gateway.routes import RoutePolicy, entity_missing
@@ -103,6 +103,8 @@ class Engine:
         self.renew_every = self.lease_seconds / 3
         self.store_timeout = float(store_timeout)
         self.metrics = metrics
+        # How long each route's requests take upstream: the 409's Retry-After follows it.
+        self.latency = RouteLatency()
         # How the resolve commands in a 424 name this store (`operator_store_argument`).
         self.store_argument = store_argument
         # Whether the store took the latest decision (``/healthz`` reports it).
@@ -209,7 +211,7 @@ class Engine:
                 "this Idempotency-Key was first used with a different method, path, query or body",
             )
         if outcome is Outcome.IN_FLIGHT:
-            raise in_flight(decision, policy.timeout)
+            raise in_flight(decision, policy.timeout, self.latency.typical(policy.prefix))
         if outcome is Outcome.UNKNOWN:
             raise outcome_unknown(decision, tenant, key, store_argument=self.store_argument)
         if outcome is Outcome.TAKEN_OVER:
@@ -368,8 +370,11 @@ class Engine:
             renewer = loop.create_task(self._renew_loop(reservation))
 
         timer = loop.call_later(self.renew_every, start_renewing)
+        started = loop.time()
         try:
-            return await forward(policy.timeout)
+            answer = await forward(policy.timeout)
+            self.latency.observe(policy.prefix, loop.time() - started)
+            return answer
         finally:
             timer.cancel()
             if renewer is not None:
@@ -445,11 +450,14 @@ def stale_fence(fence: int | None, last_accepted: int | None, entity: str | None
     )
 
 
-def in_flight(decision: Decision, upstream_timeout: float) -> Problem:
-    """Retry-After is how long the first request may still take (its upstream deadline),
-    at least a second: never the whole lease, which a client would wait out for nothing."""
-    left = upstream_timeout - (decision.reserved_age or 0.0)
-    seconds = max(1, math.ceil(left))
+def in_flight(decision: Decision, upstream_timeout: float, typical: float | None = None) -> Problem:
+    """Retry-After is when the first request has probably finished (``typical``: how long
+    this route's requests take, `RouteLatency`), within its upstream deadline, at least a
+    second: never the whole lease, nor the whole timeout, which a client would wait out for
+    nothing."""
+    seconds = retry_after_seconds(
+        age=decision.reserved_age or 0.0, timeout=upstream_timeout, typical=typical
+    )
     return Problem(
         409,
         "in-flight",

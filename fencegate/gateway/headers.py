@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import re
+from typing import Any
+
+import http_sf
 
 from fencegate.problems import Problem
 
@@ -36,26 +39,19 @@ def single_value(name: str, values: list[str]) -> str | None:
     return first
 
 
-def _unquote_sf_string(name: str, value: str) -> str:
-    """RFC 8941 sf-string: ``"..."`` with ``\\"`` and ``\\\\`` as the only escapes."""
-    out: list[str] = []
-    i = 1
-    end = len(value) - 1
-    if end < 1 or value[end] != '"':
-        raise invalid_header(name, f"{_display(name)} starts a quoted string but never ends it")
-    while i < end:
-        char = value[i]
-        if char == "\\":
-            if i + 1 >= end or value[i + 1] not in '"\\':
-                raise invalid_header(name, f"{_display(name)} has a bad escape in its string")
-            out.append(value[i + 1])
-            i += 2
-            continue
-        if char == '"':
-            raise invalid_header(name, f"{_display(name)} has an unescaped quote")
-        out.append(char)
-        i += 1
-    return "".join(out)
+def _sf_string(name: str, value: str) -> str:
+    """An RFC 8941 Item whose bare item is an sf-string (``"..."``, ``\\"`` and ``\\\\`` the
+    only escapes), as the Idempotency-Key draft defines the header. Parameters (``;v=1``) are
+    allowed by RFC 8941 and carry nothing the gateway uses: they are ignored."""
+    try:
+        parsed: Any = http_sf.parse(value.encode("ascii"), tltype="item")
+    except http_sf.StructuredFieldError as exc:
+        detail = f"{_display(name)} is not a valid quoted string: {exc}"
+        raise invalid_header(name, detail) from None
+    item = parsed[0]  # (bare item, parameters)
+    if not isinstance(item, str):
+        raise invalid_header(name, f"{_display(name)} is not a quoted string")
+    return item
 
 
 def _token(name: str, values: list[str]) -> str | None:
@@ -66,7 +62,7 @@ def _token(name: str, values: list[str]) -> str | None:
     if not _PRINTABLE.fullmatch(value):
         raise invalid_header(name, f"{_display(name)} must be 1 to 255 printable ASCII characters")
     if value.startswith('"'):
-        value = _unquote_sf_string(name, value)
+        value = _sf_string(name, value)
     if not 1 <= len(value) <= MAX_TOKEN_LENGTH or not _PRINTABLE.fullmatch(value):
         raise invalid_header(name, f"{_display(name)} must be 1 to 255 printable ASCII characters")
     return value

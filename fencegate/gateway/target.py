@@ -11,6 +11,7 @@ percent-encoding are 400 ``invalid-target``.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import string
 from dataclasses import dataclass
@@ -36,10 +37,13 @@ class Target:
     raw_query: str  # as sent, without "?"
     route_path: str  # percent-decoded (latin-1), except that an encoded "/" stays "%2F"
     encoded_slash: bool  # the raw path holds %2F
+    empty_query: bool = False  # sent as "path?" (an empty query is still part of the target)
 
     @property
     def raw(self) -> str:
-        return f"{self.raw_path}?{self.raw_query}" if self.raw_query else self.raw_path
+        if self.raw_query or self.empty_query:
+            return f"{self.raw_path}?{self.raw_query}"
+        return self.raw_path
 
 
 def invalid_target(reason: str) -> Problem:
@@ -118,12 +122,20 @@ def parse_target_fully(raw_path: bytes, raw_query: bytes) -> Target:
     )
 
 
+# Set by the gateway's HTTP protocol (`fencegate.gateway.http_protocol`) when the request
+# target ended in "?": ASGI's query_string is empty both for "/q" and "/q?".
+EMPTY_QUERY_EXTENSION = "fencegate.empty_query"
+
+
 def scope_target(scope: Scope) -> Target:
     """The target of an ASGI HTTP scope. ``raw_path`` is optional in ASGI; without it the
     decoded path is encoded again. Some test transports put the query into ``raw_path``."""
     raw_path = scope.get("raw_path")
     if not isinstance(raw_path, bytes | bytearray) or not raw_path:
         raw_path = quote(str(scope.get("path", "/")), safe="/:@!$&'()*+,;=-._~").encode()
-    raw_path = bytes(raw_path).split(b"?", 1)[0]
+    raw_path, marker, _ = bytes(raw_path).partition(b"?")
     query = scope.get("query_string", b"")
-    return parse_target(raw_path, bytes(query) if isinstance(query, bytes | bytearray) else b"")
+    target = parse_target(raw_path, bytes(query) if isinstance(query, bytes | bytearray) else b"")
+    if not target.raw_query and (marker or EMPTY_QUERY_EXTENSION in scope.get("extensions", ())):
+        return dataclasses.replace(target, empty_query=True)
+    return target

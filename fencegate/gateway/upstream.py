@@ -114,6 +114,9 @@ class HttpUpstream:
         query = f"?{request.query_string}" if request.query_string else ""
         # The target byte for byte as received: yarl must not re-encode or normalise it.
         url = yarl.URL(f"{upstream}{request.path}{query}", encoded=True)
+        if request.empty_query:
+            # yarl drops an empty query; a "?" kept in the raw path reaches the wire as sent.
+            url = url.with_path(url.raw_path + "?", encoded=True)
         client_timeout = self._timeouts.get(timeout)
         if client_timeout is None:
             client_timeout = self._timeouts[timeout] = aiohttp.ClientTimeout(

@@ -7,6 +7,7 @@ Every failure is a 401 whose problem type names the check that failed.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import time
 from dataclasses import dataclass
@@ -64,7 +65,7 @@ class _OneKey(HTTPSignatureKeyResolver):
         raise KeyError("the gateway never signs")
 
 
-def _parse_signature_input(values: list[str]) -> _SignatureInput:
+def _parse_dictionary(header: str, values: list[str]) -> dict[str, Any]:
     def reject_duplicate(name: str, context: str) -> None:
         raise ValueError(f"duplicate {context} member {name!r}")
 
@@ -78,26 +79,44 @@ def _parse_signature_input(values: list[str]) -> _SignatureInput:
         raise _unauthorized(
             "signature-invalid",
             "Signature invalid",
-            "Signature-Input is not a valid structured field dictionary.",
+            f"{header} is not a valid structured field dictionary.",
         ) from None
     assert isinstance(parsed, dict)
-    if len(parsed) != 1:
-        raise _unauthorized(
-            "signature-invalid",
-            "Signature invalid",
-            f"exactly one signature is expected, found {len(parsed)}.",
+    return parsed
+
+
+def _signature_inputs(values: list[str]) -> list[_SignatureInput]:
+    """Every signature the request carries (RFC 9421 §4.3 allows several, e.g. one added
+    by a proxy on the way), in the order sent."""
+    found: list[_SignatureInput] = []
+    for label, (members, params) in _parse_dictionary("Signature-Input", values).items():
+        if not isinstance(members, list):
+            raise _unauthorized(
+                "signature-invalid",
+                "Signature invalid",
+                f"Signature-Input member {label!r} must be an inner list of components.",
+            )
+        components = tuple(
+            (str(value), frozenset(item_params.items())) for value, item_params in members
         )
-    [(label, (members, params))] = parsed.items()
-    if not isinstance(members, list):
+        found.append(_SignatureInput(label, components, dict(params)))
+    if not found:
+        raise _unauthorized("signature-invalid", "Signature invalid", "Signature-Input is empty.")
+    return found
+
+
+def _only(request: IncomingRequest, chosen: str, inputs: dict[str, Any]) -> IncomingRequest:
+    """The request as the signature library should see it: the chosen signature alone in
+    Signature-Input and Signature (the others are someone else's to check)."""
+    signatures = _parse_dictionary("Signature", request.header_values("signature"))
+    if chosen not in signatures:
         raise _unauthorized(
-            "signature-invalid",
-            "Signature invalid",
-            f"Signature-Input member {label!r} must be an inner list of components.",
+            "signature-invalid", "Signature invalid", f"Signature has no member {chosen!r}."
         )
-    components = tuple(
-        (str(value), frozenset(item_params.items())) for value, item_params in members
-    )
-    return _SignatureInput(label, components, dict(params))
+    lines = [(k, v) for k, v in request.headers if k not in STRIPPED_HEADERS]
+    lines.append(("signature-input", http_sf.ser({chosen: inputs[chosen]})))
+    lines.append(("signature", http_sf.ser({chosen: signatures[chosen]})))
+    return dataclasses.replace(request, headers=tuple(lines))
 
 
 class SignatureAuthenticator:
@@ -161,7 +180,7 @@ class SignatureAuthenticator:
             raise _unauthorized(
                 "signature-invalid", "Signature invalid", f"the {missing} header is missing."
             )
-        sig_input = _parse_signature_input(input_values)
+        sig_input, request = self._select(input_values, request)
         key = self._key_for(sig_input)
         self._check_coverage(sig_input, request)
         self._check_window(sig_input)
@@ -177,6 +196,28 @@ class SignatureAuthenticator:
                 "This signature's nonce was already used; sign every request afresh.",
             )
         return key.tenant
+
+    def _select(
+        self, input_values: list[str], request: IncomingRequest
+    ) -> tuple[_SignatureInput, IncomingRequest]:
+        """The signature this gateway's profile checks: the first whose ``keyid`` is one of
+        its keys. Other signatures are ignored; with no signature for one of its keys, the
+        request is refused as before (``unknown-key``)."""
+        candidates = _signature_inputs(input_values)
+        if len(candidates) == 1:
+            return candidates[0], request
+        ours = [c for c in candidates if self.keys.get(str(c.params.get("keyid"))) is not None]
+        if not ours:
+            raise _unauthorized(
+                "unknown-key",
+                "Unknown signing key",
+                f"none of the {len(candidates)} signatures "
+                f"({', '.join(c.label for c in candidates)}) uses a key configured on this "
+                "gateway.",
+            )
+        chosen = ours[0]
+        inputs = _parse_dictionary("Signature-Input", input_values)
+        return chosen, _only(request, chosen.label, inputs)
 
     def _key_for(self, sig_input: _SignatureInput) -> VerificationKey:
         key_id = sig_input.params.get("keyid")
@@ -289,7 +330,9 @@ class SignatureAuthenticator:
     @staticmethod
     def _check_digest(covered: dict[str, str], body: bytes) -> None:
         try:
-            checked = ContentDigest.verify_components(covered, body)
+            checked = ContentDigest.verify_components(
+                {name: _supported_digests(name, value) for name, value in covered.items()}, body
+            )
         except InvalidSignature as exc:
             raise _unauthorized(
                 "digest-mismatch",
@@ -305,6 +348,23 @@ class SignatureAuthenticator:
                 "the signature must cover content-digest.",
                 missing_components=["content-digest"],
             )
+
+
+SUPPORTED_DIGESTS = ("sha-256", "sha-512")
+
+
+def _supported_digests(component: str, value: str) -> str:
+    """A Content-Digest with the algorithms the gateway does not support left out: RFC 9530
+    §2 lets a recipient ignore those (a sender may add crc32c for its own reasons). What is
+    left must still match the body; if nothing is left, the library refuses it."""
+    if not component.startswith('"content-digest"'):
+        return value
+    try:
+        members: Any = http_sf.parse(value.encode("ascii"), tltype="dictionary")
+    except (ValueError, TypeError, UnicodeEncodeError):
+        return value  # malformed: the library's own check names it
+    kept = {name: member for name, member in members.items() if name in SUPPORTED_DIGESTS}
+    return http_sf.ser(kept) if kept else value
 
 
 def _reason(exc: Exception) -> str:

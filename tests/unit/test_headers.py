@@ -16,6 +16,9 @@ from fencegate.gateway.problems import Problem
         (["k", "k"], "k"),
         (["x" * 255], "x" * 255),
         (["a b"], "a b"),
+        # RFC 8941 Item: an sf-string may carry parameters; the gateway ignores them.
+        (['"k";v=1'], "k"),
+        (['"k"; v=1;final'], "k"),
     ],
 )
 def test_valid_keys(values: list[str], expected: str | None) -> None:
@@ -34,6 +37,9 @@ def test_valid_keys(values: list[str], expected: str | None) -> None:
         ['"open'],
         ['"bad \\x escape"'],
         ['"inner " quote"'],
+        ['"k";'],
+        ['"k";V=1'],
+        ['"k" trailing'],
         ["a", "b"],
     ],
 )

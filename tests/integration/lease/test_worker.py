@@ -170,7 +170,11 @@ async def test_permanent_errors_are_not_retried(store_url: str, queue: LeaseQueu
     await asyncio.wait_for(worker.run_until_idle(), 60)
     job = await queue.get(job_id)
     assert (job.state, job.attempt, calls) == ("failed", 1, 1)
-    assert job.error == {"type": "PermanentError", "message": "card declined: do not retry"}
+    assert job.error == {
+        "type": "PermanentError",
+        "summary": "card declined: do not retry",
+        "message": "card declined: do not retry",
+    }
     [failed] = worker.events.named("job_failed")
     assert failed["permanent"] is True
     assert worker.events.named("retry_scheduled") == []
