@@ -10,6 +10,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from fencegate import tracing
 from fencegate.gateway.config import GatewayConfig
 from fencegate.gateway.engine import Engine
 from fencegate.gateway.health import StoreHealth
@@ -76,6 +77,8 @@ class GatewayApplication:
 
     async def startup(self) -> None:
         settings = self.config.settings
+        # Traces only when OTEL_TRACES_EXPORTER (or the application's own provider) asks.
+        tracing.configure(service_name="fencegate-gateway")
         authenticator = self._authenticator
         if not self._authenticator_loaded:
             authenticator = load_authenticator(
@@ -132,6 +135,7 @@ class GatewayApplication:
             await self._client.close()
         if self.store is not None:
             await self.store.close()
+        tracing.flush()
 
     async def _purge_forever(self) -> None:
         settings = self.config.settings

@@ -50,6 +50,7 @@ class DecisionTrace:
     fence: int | None = None
     upstream_status: int | None = None
     upstream_seconds: float | None = None
+    span: Any = None  # the request's span, only while traces are on (fencegate.tracing)
 
     def upstream_called(self, started: float, status: int | None) -> None:
         self.upstream_seconds = time.perf_counter() - started
@@ -80,6 +81,8 @@ def log_decision(
         "request_id": trace.request_id,
         "owner": owner,
     }
+    if trace.span is not None:
+        fields["trace_id"] = format(trace.span.get_span_context().trace_id, "032x")
     decision_logger.info(
         "decision %s", TextFields(fields, skip=("event",)), extra={"fields": fields}
     )

@@ -19,6 +19,7 @@ import asyncio
 import logging
 from collections.abc import Iterable
 
+from fencegate import tracing
 from fencegate.errors import StoreUnavailable
 from fencegate.gateway.engine import Engine, problem_response, store_unavailable
 from fencegate.gateway.metrics import GatewayMetrics
@@ -126,6 +127,8 @@ class FencegateMiddleware:
     async def _open(self) -> Pipeline:
         async with self._opening:
             if self._pipeline is None:
+                # Spans when OTEL_TRACES_EXPORTER, or the service's own provider, asks.
+                tracing.configure(service_name="fencegate-middleware")
                 store = self._store
                 if store is None:
                     store = await open_gateway_store(

@@ -12,6 +12,8 @@ import dataclasses
 import logging
 import time
 
+from fencegate import tracing
+from fencegate.gateway import spans
 from fencegate.gateway.asgi import (
     ClientDisconnected,
     incoming_request,
@@ -90,6 +92,9 @@ async def answer(
         metrics.count(response.decision, kind)
     log_decision(trace, decision=response.decision, problem=kind, status=response.status,
                  owner=owner)  # fmt: skip
+    if trace.span is not None:
+        spans.end_server_span(trace, decision=response.decision, problem=kind,
+                              status=response.status)  # fmt: skip
     await send_response(send, response, request_id=trace.request_id)
 
 
@@ -138,6 +143,10 @@ class Pipeline:
         straight to its app)."""
         if trace is None:
             trace = start_trace(scope, target)
+        if tracing.TRACER is not None and trace.span is None:
+            async with spans.server_span(scope, policy, trace):
+                await self.handle(scope, receive, send, target, policy, trace)
+            return
         try:
             body = await read_body(scope, receive, limit=policy.max_body_bytes)
         except ClientDisconnected:
@@ -174,7 +183,12 @@ class Pipeline:
             started = time.perf_counter()
             status: int | None = None
             try:
-                response = await upstream.send(request, policy, scope, receive, timeout=timeout)
+                if step.span is None:
+                    response = await upstream.send(request, policy, scope, receive, timeout=timeout)
+                else:
+                    response = await spans.send_upstream(
+                        upstream, request, policy, scope, receive, timeout=timeout
+                    )
                 status = response.status
                 return response
             finally:

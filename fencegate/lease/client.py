@@ -15,6 +15,8 @@ import aiohttp
 import orjson
 from yarl import URL
 
+from fencegate import tracing
+from fencegate.lease import spans as lease_spans
 from fencegate.lease.events import digest
 from fencegate.types import RequestSigner
 
@@ -30,11 +32,14 @@ _NO_JSON: Any = object()
 
 
 def fence_headers(job: JobContext, *, step: str, entity: str | None) -> dict[str, str]:
-    return {
+    headers = {
         IDEMPOTENCY_KEY: job.step_key(step),
         EXECUTION_FENCE: str(job.fencing_token),
         EXECUTION_ENTITY: entity or job.default_entity,
     }
+    if tracing.TRACER is not None:  # the attempt's span is the parent of the gateway's
+        headers.update(lease_spans.context_headers())
+    return headers
 
 
 def start_request(

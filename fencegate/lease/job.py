@@ -10,6 +10,7 @@ import inspect
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from fencegate import tracing
 from fencegate.errors import FencegateError
 from fencegate.lease.events import EventLog, digest
 from fencegate.lease.execution import Execution, OwnershipLost, OwnershipUnknown
@@ -109,6 +110,8 @@ class JobContext:
         return f"{self.idempotency_key}:{step}"
 
     def emit(self, event: str, **fields: Any) -> None:
+        if tracing.TRACER is not None:
+            fields["trace_id"] = tracing.current_trace_id()
         self.events.emit(
             event,
             job=str(self.id),

@@ -42,6 +42,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 import aiohttp
 
+from fencegate import tracing
+from fencegate.lease import spans as lease_spans
 from fencegate.lease.error_summary import ErrorSummary, default_error_summary, error_record
 from fencegate.lease.errors import StoreUnavailable
 from fencegate.lease.events import EventLog, digest
@@ -191,6 +193,8 @@ class Worker:
 
     # -- start and stop -------------------------------------------------------------------
     async def _start(self) -> None:
+        # Traces only when OTEL_TRACES_EXPORTER (or the application's own provider) asks.
+        tracing.configure(service_name="fencegate-worker")
         from fencegate.lease.queue import LeaseQueue
 
         self._loop = asyncio.get_running_loop()
@@ -259,6 +263,7 @@ class Worker:
             with contextlib.suppress(Exception):
                 await self.queue.close()
         self.events.emit("worker_stopped", worker=self.worker_id)
+        await asyncio.to_thread(tracing.flush)
 
     # -- claiming -------------------------------------------------------------------------
     def _free_slots(self) -> int:
@@ -400,6 +405,18 @@ class Worker:
         return min(float(lease.heartbeat_seconds), float(lease.lease_seconds) / 4)
 
     async def _execute(self, execution: Execution) -> None:
+        if tracing.TRACER is None:
+            await self._attempt(execution)
+            return
+        with lease_spans.attempt_span(execution.lease, worker_id=self.worker_id):
+            await self._attempt(execution)
+
+    def _outcome(self, kind: str, outcome: str) -> None:
+        self.metrics.outcomes.labels(kind, outcome).inc()
+        if tracing.TRACER is not None:
+            lease_spans.record_outcome(outcome)
+
+    async def _attempt(self, execution: Execution) -> None:
         assert self.queue is not None and self._controller is not None
         lease = execution.lease
         kind = lease.kind
@@ -461,7 +478,7 @@ class Worker:
         execution = job.execution
         if not released:
             job.emit("result_rejected", reason=execution.lost_reason, duration_seconds=0.0)
-            self.metrics.outcomes.labels(job.kind, "rejected").inc()
+            self._outcome(job.kind, "rejected")
             return
         given_back = await self._conditional(
             execution,
@@ -469,7 +486,7 @@ class Worker:
             landed_as=_RELEASED,
         )
         job.emit("job_released", released=bool(given_back), duration_seconds=0.0)
-        self.metrics.outcomes.labels(job.kind, "released").inc()
+        self._outcome(job.kind, "released")
 
     async def _run_tool_and_settle(self, job: JobContext, tool: list[asyncio.Task[Any]]) -> None:
         assert self._controller is not None
@@ -518,7 +535,7 @@ class Worker:
                 error=type(error).__name__ if error is not None else None,
                 duration_seconds=duration,
             )
-            self.metrics.outcomes.labels(kind, "rejected").inc()
+            self._outcome(kind, "rejected")
             return
         if timed_out:
             job.emit(
@@ -535,7 +552,7 @@ class Worker:
                 landed_as=_RELEASED,
             )
             job.emit("job_released", released=bool(released), duration_seconds=duration)
-            self.metrics.outcomes.labels(kind, "released").inc()
+            self._outcome(kind, "released")
             return
         if error is None:
             try:
@@ -571,7 +588,7 @@ class Worker:
         )
         if committed:
             job.emit("result_committed", result_sha256=digest(result), duration_seconds=duration)
-            self.metrics.outcomes.labels(job.kind, "succeeded").inc()
+            self._outcome(job.kind, "succeeded")
             return
         job.emit(
             "result_rejected",
@@ -579,7 +596,7 @@ class Worker:
             result_sha256=digest(result),
             duration_seconds=duration,
         )
-        self.metrics.outcomes.labels(job.kind, "rejected").inc()
+        self._outcome(job.kind, "rejected")
 
     async def _fail(
         self, job: JobContext, error: BaseException, *, code: str, permanent: bool = False
@@ -597,7 +614,7 @@ class Worker:
                 reason="ownership_unknown" if accepted is None else "zero_rows",
                 error=code,
             )
-            self.metrics.outcomes.labels(job.kind, "rejected").inc()
+            self._outcome(job.kind, "rejected")
             return
         # Known here without asking the store (a later read could already see what the next
         # owner did with the retry): the same rule the queue applied to this call.
@@ -609,13 +626,13 @@ class Worker:
                 attempt=job.attempt,
                 max_attempts=job.lease.max_attempts,
             )
-            self.metrics.outcomes.labels(job.kind, "failed").inc()
+            self._outcome(job.kind, "failed")
             return
         run_after = None
         with contextlib.suppress(Exception):
             run_after = (await self._q().get(job.id, timeout=self.store_timeout)).run_after
         job.emit("retry_scheduled", error=code, attempt=job.attempt, run_after=run_after)
-        self.metrics.outcomes.labels(job.kind, "retry").inc()
+        self._outcome(job.kind, "retry")
 
     async def _conditional(
         self,

@@ -32,7 +32,13 @@ async def echo_tool(job: JobContext) -> dict[str, Any]:
     return {"n": job.payload["n"], "token": job.fencing_token}
 
 
-TOOLS = {"sleep": sleep_tool, "echo": echo_tool}
+async def post_tool(job: JobContext) -> dict[str, Any]:
+    """POST to ``payload["url"]`` through the job's fenced client (aiohttp)."""
+    response = await job.http().post(job.payload["url"], json={"n": job.payload.get("n", 1)})
+    return {"status": response.status}
+
+
+TOOLS = {"sleep": sleep_tool, "echo": echo_tool, "post": post_tool}
 
 
 def build(args: argparse.Namespace, events: EventLog) -> list[Worker]:
