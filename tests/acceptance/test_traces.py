@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import subprocess
 import sys
 import threading
@@ -25,6 +24,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as otlp
 from fencegate.lease import LeaseQueue
 from tests.support.gateway import GatewayProcess
 from tests.support.processes import child_env
+from tests.support.raw_upstream import RawUpstream
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -95,54 +95,6 @@ def _value(value: Any) -> Any:
     return getattr(value, kind) if kind else None
 
 
-class HeaderEcho:
-    """A raw upstream that answers 201 with the request headers it received."""
-
-    def __init__(self) -> None:
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self._listener.settimeout(0.2)
-        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-
-    def __enter__(self) -> HeaderEcho:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(10)
-        self._listener.close()
-
-    def _serve(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self._listener.accept()
-            except TimeoutError:
-                continue
-            with conn:
-                conn.settimeout(10)
-                head = b""
-                while b"\r\n\r\n" not in head:
-                    chunk = conn.recv(65536)
-                    if not chunk:
-                        break
-                    head += chunk
-                lines = head.split(b"\r\n\r\n", 1)[0].decode("latin-1").split("\r\n")[1:]
-                fields = dict(line.split(": ", 1) for line in lines if ": " in line)
-                length = int(fields.get("Content-Length", fields.get("content-length", "0")))
-                rest = head.split(b"\r\n\r\n", 1)[1]
-                while len(rest) < length:
-                    rest += conn.recv(65536)
-                body = json.dumps({k.lower(): v for k, v in fields.items()}).encode()
-                conn.sendall(
-                    b"HTTP/1.1 201 Created\r\ncontent-type: application/json\r\n"
-                    b"connection: close\r\n"
-                    + f"content-length: {len(body)}\r\n\r\n".encode()
-                    + body
-                )
-
-
 @pytest.fixture
 def traced_gateway(tmp_path: Path) -> Iterator[tuple[GatewayProcess, OtlpReceiver]]:
     env = {
@@ -151,7 +103,7 @@ def traced_gateway(tmp_path: Path) -> Iterator[tuple[GatewayProcess, OtlpReceive
         "OTEL_SERVICE_NAME": "billing-gateway",
         "OTEL_BSP_SCHEDULE_DELAY": "100",
     }
-    with OtlpReceiver() as receiver, HeaderEcho() as upstream:
+    with OtlpReceiver() as receiver, RawUpstream(status="201 Created") as upstream:
         env["OTEL_EXPORTER_OTLP_ENDPOINT"] = receiver.url
         with GatewayProcess(upstream=upstream.url, workdir=tmp_path, env=env,
                             extra_args=["--log-format", "json"]) as gateway:  # fmt: skip
@@ -189,7 +141,7 @@ def test_the_gateway_continues_the_callers_trace_to_the_upstream(
     assert attributes["http.response.status_code"] == 201
     assert "5" not in json.dumps({k: v for k, v in attributes.items() if "amount" in str(v)})
     # The upstream's parent is the gateway's client span, in the same trace.
-    assert seen["traceparent"] == f"00-{TRACE_ID}-{client['span_id']}-01"
+    assert seen["headers"]["traceparent"] == f"00-{TRACE_ID}-{client['span_id']}-01"
     # The decision log line names the trace.
     lines = [json.loads(line) for line in gateway.log_text().splitlines() if '"decision"' in line]
     [decision] = [line for line in lines if line.get("key") == "charge:inv-7"]
@@ -286,7 +238,7 @@ def test_one_trace_from_the_worker_through_the_gateway_to_the_upstream(
 def test_the_console_exporter_prints_the_gateways_spans(tmp_path: Path) -> None:
     env = {"OTEL_TRACES_EXPORTER": "console", "OTEL_BSP_SCHEDULE_DELAY": "100"}
     with (
-        HeaderEcho() as upstream,
+        RawUpstream(status="201 Created") as upstream,
         GatewayProcess(upstream=upstream.url, workdir=tmp_path, env=env) as gateway,
     ):
         caller = {
