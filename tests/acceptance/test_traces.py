@@ -174,8 +174,9 @@ def test_a_replay_and_a_stale_fence_are_spans_with_their_decision(
     assert children == []  # nothing forwarded, so no upstream call
 
 
+@pytest.mark.parametrize("tool", ["post", "post_httpx"], ids=["aiohttp", "httpx"])
 def test_one_trace_from_the_worker_through_the_gateway_to_the_upstream(
-    traced_gateway: tuple[GatewayProcess, OtlpReceiver], tmp_path: Path
+    traced_gateway: tuple[GatewayProcess, OtlpReceiver], tmp_path: Path, tool: str
 ) -> None:
     gateway, receiver = traced_gateway
     queue_url = f"sqlite:///{tmp_path / 'queue.db'}"
@@ -202,7 +203,7 @@ def test_one_trace_from_the_worker_through_the_gateway_to_the_upstream(
     }
     done = subprocess.run(
         [sys.executable, "-m", "tests.support.worker_process", "--url", queue_url,
-         "--events", str(events), "--kind", "charge", "--tool", "post", "--until-idle",
+         "--events", str(events), "--kind", "charge", "--tool", tool, "--until-idle",
          "--lease-seconds", "5", "--heartbeat-seconds", "1", "--jitter-seconds", "1"],
         env=child_env(env), capture_output=True, text=True, timeout=90,
     )  # fmt: skip

@@ -38,7 +38,16 @@ async def post_tool(job: JobContext) -> dict[str, Any]:
     return {"status": response.status}
 
 
-TOOLS = {"sleep": sleep_tool, "echo": echo_tool, "post": post_tool}
+async def post_httpx_tool(job: JobContext) -> dict[str, Any]:
+    """The same through an httpx client whose ``auth`` is the job's."""
+    import httpx
+
+    async with httpx.AsyncClient(auth=job.httpx_auth(), timeout=30) as client:
+        response = await client.post(job.payload["url"], json={"n": job.payload.get("n", 1)})
+    return {"status": response.status_code}
+
+
+TOOLS = {"sleep": sleep_tool, "echo": echo_tool, "post": post_tool, "post_httpx": post_httpx_tool}
 
 
 def build(args: argparse.Namespace, events: EventLog) -> list[Worker]:
