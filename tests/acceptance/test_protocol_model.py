@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 SPEC = Path(__file__).resolve().parents[2] / "spec"
+# Spin explores millions of states per run: minutes, not the suite's default two.
+pytestmark = pytest.mark.timeout(1800)
 MISSING = [tool for tool in ("spin", "gcc") if shutil.which(tool) is None]
 
 

@@ -33,28 +33,20 @@ from fencegate.store import (
 )
 from fencegate.store.inspect import Inspector
 from fencegate.store.key_states import KEY_STATES
-from tests.support.two_stores import migrated_pair, rows_on_both, run_on_both
+from tests.support.two_stores import (
+    GATEWAY_PG_SHIFT,
+    GATEWAY_SQLITE_SHIFT,
+    GATEWAY_TABLES,
+    migrated_pair,
+    rows_on_both,
+    run_on_both,
+)
 
 T = TypeVar("T")
 TIMEOUT = 30.0
 LEASE = 10.0
 TTL = 100.0
 
-_TABLES = ("fencegate_idempotency_keys", "fencegate_fences", "fencegate_decisions")
-_PG_SHIFT = [
-    "UPDATE fencegate_idempotency_keys SET locked_until = locked_until - $1::interval,"
-    " reserved_at = reserved_at - $1::interval, created_at = created_at - $1::interval,"
-    " completed_at = completed_at - $1::interval, expires_at = expires_at - $1::interval",
-    "UPDATE fencegate_fences SET updated_at = updated_at - $1::interval",
-    "UPDATE fencegate_decisions SET at = at - $1::interval, expires_at = expires_at - $1::interval",
-]
-_SQLITE_SHIFT = [
-    "UPDATE fencegate_idempotency_keys SET locked_until = locked_until - ?,"
-    " reserved_at = reserved_at - ?, created_at = created_at - ?,"
-    " completed_at = completed_at - ?, expires_at = expires_at - ?",
-    "UPDATE fencegate_fences SET updated_at = updated_at - ?",
-    "UPDATE fencegate_decisions SET at = at - ?, expires_at = expires_at - ?",
-]
 # A history row without its times (each store's own clock) and id (each store's sequence).
 _HISTORY = (
     "SELECT decision, tenant, entity, key, fence, attempt, owner, request_id, method, target,"
@@ -114,8 +106,8 @@ class TwoStores(RuleBasedStateMachine):
         await run_on_both(
             self.pg_url,
             self.sqlite_url,
-            [f"TRUNCATE {', '.join(_TABLES)}"],
-            [f"DELETE FROM {table}" for table in _TABLES],  # noqa: S608 -- fixed table names
+            [f"TRUNCATE {', '.join(GATEWAY_TABLES)}"],
+            [f"DELETE FROM {table}" for table in GATEWAY_TABLES],  # noqa: S608 -- fixed table names
         )
 
     def both(self, call: Any) -> tuple[Any, Any]:
@@ -277,7 +269,9 @@ class TwoStores(RuleBasedStateMachine):
         self.run(self._shift(seconds))
 
     async def _shift(self, seconds: float) -> None:
-        await run_on_both(self.pg_url, self.sqlite_url, _PG_SHIFT, _SQLITE_SHIFT, seconds=seconds)
+        await run_on_both(
+            self.pg_url, self.sqlite_url, GATEWAY_PG_SHIFT, GATEWAY_SQLITE_SHIFT, seconds=seconds
+        )
 
     @invariant()
     def same_keys(self) -> None:

@@ -32,7 +32,14 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from fencegate.lease import JobNotFound, Lease, LeaseQueue
 from fencegate.store.inspect import JOB_STATES, Inspector
-from tests.support.two_stores import migrated_pair, run_on_both
+from tests.support.two_stores import (
+    LEASE_PG_CLEAR,
+    LEASE_PG_SHIFT,
+    LEASE_SQLITE_CLEAR,
+    LEASE_SQLITE_SHIFT,
+    migrated_pair,
+    run_on_both,
+)
 from tests.support.waits import wait_until_sync
 
 T = TypeVar("T")
@@ -50,31 +57,6 @@ MAX_JOBS = 8
 _SQLITE_NOW = "SELECT julianday('now')"
 # Ownership gauges measured on each store's own clock.
 _CLOCK_READINGS = ("lease_remaining_min", "heartbeat_age_max")
-_PG_CLEAR = [
-    "TRUNCATE fencegate_job_stages, fencegate_job_attempts, fencegate_jobs RESTART IDENTITY",
-    "ALTER SEQUENCE fencegate_fencing_tokens RESTART",
-]
-_SQLITE_CLEAR = [
-    "DELETE FROM fencegate_job_stages",
-    "DELETE FROM fencegate_job_attempts",
-    "DELETE FROM fencegate_jobs",
-    "DELETE FROM sqlite_sequence WHERE name = 'fencegate_jobs'",
-    "UPDATE fencegate_sequences SET value = 0 WHERE name = 'fencing_token'",
-]
-_PG_SHIFT = [
-    "UPDATE fencegate_jobs SET lease_until = lease_until - $1::interval,"
-    " heartbeat_at = heartbeat_at - $1::interval, run_after = run_after - $1::interval,"
-    " created_at = created_at - $1::interval, updated_at = updated_at - $1::interval",
-    "UPDATE fencegate_job_attempts SET claimed_at = claimed_at - $1::interval,"
-    " ended_at = ended_at - $1::interval",
-    "UPDATE fencegate_job_stages SET committed_at = committed_at - $1::interval",
-]
-_SQLITE_SHIFT = [
-    "UPDATE fencegate_jobs SET lease_until = lease_until - ?, heartbeat_at = heartbeat_at - ?,"
-    " run_after = run_after - ?, created_at = created_at - ?, updated_at = updated_at - ?",
-    "UPDATE fencegate_job_attempts SET claimed_at = claimed_at - ?, ended_at = ended_at - ?",
-    "UPDATE fencegate_job_stages SET committed_at = committed_at - ?",
-]
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +117,7 @@ class TwoQueues(RuleBasedStateMachine):
         )
 
     async def _clear(self) -> None:
-        await run_on_both(self.pg_url, self.sqlite_url, _PG_CLEAR, _SQLITE_CLEAR)
+        await run_on_both(self.pg_url, self.sqlite_url, LEASE_PG_CLEAR, LEASE_SQLITE_CLEAR)
 
     @precondition(lambda self: len(self.ids[0]) < MAX_JOBS)
     @rule(
@@ -263,7 +245,9 @@ class TwoQueues(RuleBasedStateMachine):
         self.run(self._shift(seconds))
 
     async def _shift(self, seconds: float) -> None:
-        await run_on_both(self.pg_url, self.sqlite_url, _PG_SHIFT, _SQLITE_SHIFT, seconds=seconds)
+        await run_on_both(
+            self.pg_url, self.sqlite_url, LEASE_PG_SHIFT, LEASE_SQLITE_SHIFT, seconds=seconds
+        )
 
     async def _snapshot(self, q: LeaseQueue, side: int) -> list[Any]:
         jobs = await q.list_jobs(limit=100, timeout=TIMEOUT)

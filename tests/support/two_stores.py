@@ -17,6 +17,49 @@ import pytest
 from fencegate.store.migrations import migrate
 from tests.support import postgres
 
+# The gateway's tables, and moving their clock forward (every stored time shifted back).
+GATEWAY_TABLES = ("fencegate_idempotency_keys", "fencegate_fences", "fencegate_decisions")
+GATEWAY_PG_SHIFT = [
+    "UPDATE fencegate_idempotency_keys SET locked_until = locked_until - $1::interval,"
+    " reserved_at = reserved_at - $1::interval, created_at = created_at - $1::interval,"
+    " completed_at = completed_at - $1::interval, expires_at = expires_at - $1::interval",
+    "UPDATE fencegate_fences SET updated_at = updated_at - $1::interval",
+    "UPDATE fencegate_decisions SET at = at - $1::interval, expires_at = expires_at - $1::interval",
+]
+GATEWAY_SQLITE_SHIFT = [
+    "UPDATE fencegate_idempotency_keys SET locked_until = locked_until - ?,"
+    " reserved_at = reserved_at - ?, created_at = created_at - ?,"
+    " completed_at = completed_at - ?, expires_at = expires_at - ?",
+    "UPDATE fencegate_fences SET updated_at = updated_at - ?",
+    "UPDATE fencegate_decisions SET at = at - ?, expires_at = expires_at - ?",
+]
+# The lease queue's tables emptied (ids and tokens from 1 again), and its clock moved.
+LEASE_PG_CLEAR = [
+    "TRUNCATE fencegate_job_stages, fencegate_job_attempts, fencegate_jobs RESTART IDENTITY",
+    "ALTER SEQUENCE fencegate_fencing_tokens RESTART",
+]
+LEASE_SQLITE_CLEAR = [
+    "DELETE FROM fencegate_job_stages",
+    "DELETE FROM fencegate_job_attempts",
+    "DELETE FROM fencegate_jobs",
+    "DELETE FROM sqlite_sequence WHERE name = 'fencegate_jobs'",
+    "UPDATE fencegate_sequences SET value = 0 WHERE name = 'fencing_token'",
+]
+LEASE_PG_SHIFT = [
+    "UPDATE fencegate_jobs SET lease_until = lease_until - $1::interval,"
+    " heartbeat_at = heartbeat_at - $1::interval, run_after = run_after - $1::interval,"
+    " created_at = created_at - $1::interval, updated_at = updated_at - $1::interval",
+    "UPDATE fencegate_job_attempts SET claimed_at = claimed_at - $1::interval,"
+    " ended_at = ended_at - $1::interval",
+    "UPDATE fencegate_job_stages SET committed_at = committed_at - $1::interval",
+]
+LEASE_SQLITE_SHIFT = [
+    "UPDATE fencegate_jobs SET lease_until = lease_until - ?, heartbeat_at = heartbeat_at - ?,"
+    " run_after = run_after - ?, created_at = created_at - ?, updated_at = updated_at - ?",
+    "UPDATE fencegate_job_attempts SET claimed_at = claimed_at - ?, ended_at = ended_at - ?",
+    "UPDATE fencegate_job_stages SET committed_at = committed_at - ?",
+]
+
 
 def migrated_pair(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterator[tuple[str, str]]:
     """For a module-scoped fixture: (PostgreSQL URL, SQLite URL), both migrated; the
