@@ -213,14 +213,15 @@ class TwoQueues(RuleBasedStateMachine):
         lite, pg = self.both(lambda q, side: q.release(pair[side], timeout=TIMEOUT))
         assert lite == pg, pair
 
-    @rule(job=st.integers(0, MAX_JOBS), action=st.sampled_from(["cancel", "retry"]))
-    def operator(self, job: int, action: str) -> None:
+    @rule(job=st.one_of(st.integers(0, 50), st.none()), action=st.sampled_from(["cancel", "retry"]))
+    def operator(self, job: int | None, action: str) -> None:
         """An operator cancels a job, or retries a failed or cancelled one (the console's and
-        the command line's actions both go through these `LeaseQueue` methods)."""
+        the command line's actions both go through these `LeaseQueue` methods). None: a job
+        that does not exist."""
 
         async def attempt(q: LeaseQueue, side: int) -> bool | None:
             ids = self.ids[side]
-            job_id = ids[job] if job < len(ids) else 10**9
+            job_id = ids[job % len(ids)] if job is not None and ids else 10**9
             try:
                 if action == "cancel":
                     return await q.cancel(job_id, reason="stop", timeout=TIMEOUT)
@@ -230,6 +231,23 @@ class TwoQueues(RuleBasedStateMachine):
 
         lite, pg = self.both(attempt)
         assert lite == pg, (job, action)
+
+    @rule(index=st.integers(0, 50))
+    def retry_ended(self, index: int) -> None:
+        """An operator retries a job that failed or was cancelled (chosen among those, so
+        that a retry finds one often, its attempts used up or not)."""
+        assert self.queues is not None
+
+        async def ended(q: LeaseQueue) -> list[int]:
+            jobs = await q.list_jobs(limit=100, timeout=TIMEOUT)
+            return sorted(self.job(0, j.id) for j in jobs if j.state in ("failed", "cancelled"))
+
+        candidates = self.run(ended(self.queues[0]))
+        if not candidates:
+            return
+        job = candidates[index % len(candidates)]
+        lite, pg = self.both(lambda q, side: q.retry(self.ids[side][job], timeout=TIMEOUT))
+        assert lite == pg is True, job
 
     @precondition(lambda self: self.leases)
     @rule(index=st.integers(0, 50), name=st.sampled_from(STAGES), result=st.integers(0, 3))
@@ -366,3 +384,56 @@ def test_sqlite_and_postgres_lease_alike(databases: tuple[str, str]) -> None:
         suppress_health_check=[HealthCheck.too_slow],
     )
     state_machine().runTest()
+
+
+async def _operator_story(url: str) -> list[Any]:
+    """Retries and cancels in the order an operator meets them: a job failed for good on its
+    last attempt, retried and claimed again; a queued job cancelled and retried; a running job
+    cancelled under its holder, whose completion is then refused. What each step answered,
+    and the jobs as they stand after it."""
+    queue = await LeaseQueue.connect(url, timeout=TIMEOUT)
+    seen: list[Any] = []
+
+    async def jobs() -> list[Any]:
+        found = await queue.list_jobs(limit=10, timeout=TIMEOUT)
+        return [
+            (j.state, j.attempt, j.max_attempts, j.error) for j in sorted(found, key=lambda j: j.id)
+        ]
+
+    try:
+        spec = {"kind": "a", "payload": {}, "lease_seconds": LEASE,
+                "heartbeat_seconds": HEARTBEAT, "jitter_seconds": JITTER}  # fmt: skip
+        first, second, third = await queue.enqueue_many(
+            [spec | {"idempotency_key": k, "max_attempts": 1} for k in ("j1", "j2", "j3")],
+            timeout=TIMEOUT,
+        )
+        [lease] = await queue.claim("w1", limit=1, timeout=TIMEOUT)
+        steps = [
+            queue.fail(lease, {"code": "boom"}, retry_in=None, permanent=True, timeout=TIMEOUT),
+            queue.retry(first, timeout=TIMEOUT),
+            queue.retry(first, timeout=TIMEOUT),  # queued now: nothing to retry
+            queue.cancel(second, timeout=TIMEOUT),
+            queue.retry(second, timeout=TIMEOUT),
+        ]
+        for step in steps:
+            seen.append((await step, await jobs()))
+        leases = await queue.claim("w2", limit=3, timeout=TIMEOUT)
+        seen.append(([(lease.attempt, lease.owner_id) for lease in leases], await jobs()))
+        running = next(lease for lease in leases if lease.job_id == third)
+        seen.append((await queue.cancel(third, timeout=TIMEOUT), await jobs()))
+        seen.append((await queue.complete(running, "late", timeout=TIMEOUT), await jobs()))
+        seen.append((await queue.retry(third, timeout=TIMEOUT), await jobs()))
+        try:
+            await queue.retry(10**9, timeout=TIMEOUT)
+        except JobNotFound:
+            seen.append("not found")
+    finally:
+        await queue.close()
+    return seen
+
+
+async def test_an_operators_retries_and_cancels_alike(pg_url: str, sqlite_url: str) -> None:
+    lite, pg = await _operator_story(sqlite_url), await _operator_story(pg_url)
+    assert lite == pg
+    # And what they say: the job failed on its last attempt got one more.
+    assert lite[1][0] is True and lite[1][1][0] == ("queued", 1, 2, None)
