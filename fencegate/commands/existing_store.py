@@ -14,18 +14,12 @@ import sqlite3
 import asyncpg
 
 from fencegate.errors import CommandError
+from fencegate.store.backends import applied_migrations_read_only, describe_store
 from fencegate.store.dburl import DatabaseURL, parse_database_url
-from fencegate.store.pg import single_connection
-from fencegate.store.queries import Queries
 from fencegate.store.schema import SchemaMismatch, check_applied, redacted
 
-
-def store_name(target: DatabaseURL) -> str:
-    """The store as a person should read it in an error: kind, URL without password, file."""
-    if target.kind == "sqlite":
-        assert target.sqlite_path is not None
-        return f"the SQLite store {target.url} ({target.sqlite_path.resolve()})"
-    return f"PostgreSQL at {redacted(target.url)}"
+# The store as a person reads it in an error (kept under this name for the commands).
+store_name = describe_store
 
 
 def what_to_do(target: DatabaseURL) -> str:
@@ -33,29 +27,6 @@ def what_to_do(target: DatabaseURL) -> str:
         "name the gateway's store with --database-url (or FENCEGATE_DATABASE_URL), or create "
         f"it with `fencegate migrate --database-url {redacted(target.url)}`"
     )
-
-
-def _sqlite_applied(target: DatabaseURL) -> list[str] | None:
-    assert target.sqlite_path is not None
-    q = Queries("sqlite")
-    # mode=ro: a read-only open never creates the file.
-    uri = f"{target.sqlite_path.resolve().as_uri()}?mode=ro"
-    conn = sqlite3.connect(uri, uri=True)
-    try:
-        if conn.execute(q.migrations_table).fetchone() is None:
-            return None
-        return [str(row[0]) for row in conn.execute(q.applied_migrations)]
-    finally:
-        conn.close()
-
-
-async def _postgres_applied(target: DatabaseURL, timeout: float) -> list[str] | None:
-    q = Queries("postgresql")
-    settings = {"search_path": target.schema} if target.schema else None
-    async with single_connection(target, timeout=timeout, settings=settings) as conn:
-        if not await conn.fetchval(q.migrations_table, timeout=timeout):
-            return None
-        return [str(r["name"]) for r in await conn.fetch(q.applied_migrations, timeout=timeout)]
 
 
 def require_existing_store(url: str | None, *, timeout: float) -> None:
@@ -67,18 +38,14 @@ def require_existing_store(url: str | None, *, timeout: float) -> None:
         raise CommandError(str(exc)) from None
     where = store_name(target)
     try:
-        if target.kind == "sqlite":
-            assert target.sqlite_path is not None
-            if not target.sqlite_path.exists():
-                raise CommandError(
-                    f"there is no store here: {where} does not exist (nothing was created); "
-                    f"{what_to_do(target)}"
-                )
-            applied = _sqlite_applied(target)
-        else:
-            applied = asyncio.run(asyncio.wait_for(_postgres_applied(target, timeout), timeout))
-    except CommandError:
-        raise
+        applied = asyncio.run(
+            asyncio.wait_for(applied_migrations_read_only(target, timeout=timeout), timeout)
+        )
+    except FileNotFoundError:
+        raise CommandError(
+            f"there is no store here: {where} does not exist (nothing was created); "
+            f"{what_to_do(target)}"
+        ) from None
     except TimeoutError:
         raise CommandError(f"{where} did not answer within {timeout:g}s") from None
     except (OSError, sqlite3.Error, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:

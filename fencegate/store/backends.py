@@ -9,10 +9,14 @@ Nothing above the drivers asks which backend it has.
 
 from __future__ import annotations
 
+import asyncio
+import sqlite3
 from typing import Any, Protocol
 
 from fencegate.store.dburl import DatabaseURL, parse_database_url
-from fencegate.store.pg import PgDatabase
+from fencegate.store.pg import PgDatabase, single_connection
+from fencegate.store.queries import Queries
+from fencegate.store.schema import redacted
 from fencegate.store.sqlite_db import SQLiteDatabase
 
 Database = PgDatabase | SQLiteDatabase
@@ -52,3 +56,40 @@ async def open_database(
         )
     assert target.sqlite_path is not None
     return SQLiteDatabase(target.sqlite_path)
+
+
+def describe_store(target: DatabaseURL) -> str:
+    """The store as a person should read it in an error: kind, URL without password, file."""
+    if target.kind == "sqlite":
+        assert target.sqlite_path is not None
+        return f"the SQLite store {target.url} ({target.sqlite_path.resolve()})"
+    return f"PostgreSQL at {redacted(target.url)}"
+
+
+async def applied_migrations_read_only(target: DatabaseURL, *, timeout: float) -> list[str] | None:
+    """The migrations a store records (None: no migrations table), read without creating
+    anything: `FileNotFoundError` for a SQLite file that does not exist. Driver errors are
+    the caller's to word (it names the store)."""
+    if target.kind == "sqlite":
+        return await asyncio.wait_for(asyncio.to_thread(_sqlite_applied, target), timeout)
+    q = Queries("postgresql")
+    settings = {"search_path": target.schema} if target.schema else None
+    async with single_connection(target, timeout=timeout, settings=settings) as conn:
+        if not await conn.fetchval(q.migrations_table, timeout=timeout):
+            return None
+        return [str(r["name"]) for r in await conn.fetch(q.applied_migrations, timeout=timeout)]
+
+
+def _sqlite_applied(target: DatabaseURL) -> list[str] | None:
+    assert target.sqlite_path is not None
+    if not target.sqlite_path.exists():
+        raise FileNotFoundError(target.sqlite_path)
+    q = Queries("sqlite")
+    # mode=ro: a read-only open never creates the file.
+    conn = sqlite3.connect(f"{target.sqlite_path.resolve().as_uri()}?mode=ro", uri=True)
+    try:
+        if conn.execute(q.migrations_table).fetchone() is None:
+            return None
+        return [str(row[0]) for row in conn.execute(q.applied_migrations)]
+    finally:
+        conn.close()
