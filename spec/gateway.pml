@@ -123,7 +123,13 @@ chan late = [1] of { byte };                            /* a decide that outlive
 bool late_pending[NSLOT];
 bool owed[NSLOT];               /* a write the store owes the handler (PendingWrites) */
 bool holding[NSLOT];            /* the handler holds a reservation it is working on */
-#define any_owed (owed[0] || (NSLOT > 1 && owed[1]) || (NSLOT > 2 && owed[2]) || (NSLOT > 3 && owed[3]))
+bool watching[NSLOT];           /* a background release of an abandoned decision */
+byte watch[NSLOT];              /* ticks left of its watch (the in-flight lease) */
+/* an abandoned decision still running, or a reservation of it still to release */
+#define ABANDON_DUE(s) ((s) < NSLOT && watching[s] && (late_pending[s] || \
+    (key_owner[KEY(CLIENT(s))] == (s) && key_state[KEY(CLIENT(s))] == INFLIGHT)))
+#define OWED(s) ((s) < NSLOT && (owed[s] || ABANDON_DUE(s)))
+#define any_owed (OWED(0) || OWED(1) || OWED(2) || OWED(3))
 #define any_holding (holding[0] || (NSLOT > 1 && holding[1]) || (NSLOT > 2 && holding[2]) || (NSLOT > 3 && holding[3]))
 
 /* ---- store statements ------------------------------------------------------------------ */
@@ -184,28 +190,31 @@ end:
         :: atomic { down -> out = S503 }
         :: atomic { !down && faults < MAXFAULT && nfull(late) ->
                     faults++; late!slot; late_pending[slot] = true; gave_up = true; out = S503;
-                    owed[slot] = true }
+                    watching[slot] = true; watch[slot] = GLEASE }
         fi;
         if
         :: out == S503 ->
 #ifdef NO_BACKGROUND_RELEASE
-            owed[slot] = false;
+            watching[slot] = false;
 #endif
             hrep[slot]!S503, 0;
 #ifndef NO_BACKGROUND_RELEASE
-            /* the reservation a statement made after its caller gave up is released in the
-             * background (store.release: owner and in_flight), once the statement is over */
+            /* Engine._release_abandoned: whatever the decision reserved under this request's
+             * own owner is released in the background (release_abandoned: owner, in_flight),
+             * retried while the store is down; finding nothing is no proof (the statement may
+             * still commit), so it looks again until the in-flight lease has passed */
             if
             :: gave_up ->
-                !late_pending[slot];
                 do
-                :: atomic { !down -> owed[slot] = false;
+                :: atomic { !down ->
                         if
                         :: key_owner[k] == slot && key_state[k] == INFLIGHT ->
-                            key_state[k] = NOKEY; key_owner[k] = NOBODY; key_lease[k] = 0
-                        :: else
-                        fi };
-                   break
+                            key_state[k] = NOKEY; key_owner[k] = NOBODY; key_lease[k] = 0;
+                            gave_up = false
+                        :: else -> gave_up = (watch[slot] > 0)
+                        fi;
+                        watching[slot] = gave_up };
+                   if :: !gave_up -> break :: else fi
                 od
             :: else
             fi
@@ -349,7 +358,9 @@ end:
  * timing assumption of property 5a: a live gateway finishes with a reservation (forward,
  * record, or release) within its in-flight lease, which it renews; an outage is shorter
  * than that lease; a write the gateway owes the store lands within it once the store is
- * back. Without LIVENESS time is free: any process may be slower than any lease. */
+ * back; a decision the gateway gave up on ends (commits or rolls back: the store bounds it
+ * by the caller's deadline and drops its connection) within that lease too. Without
+ * LIVENESS time is free: any process may be slower than any lease. */
 active proctype Clock() {
     byte k;
 end:
@@ -360,6 +371,9 @@ end:
 #endif
         for (k : 0 .. NKEYS - 1) {
             if :: key_lease[k] > 0 -> key_lease[k]-- :: else fi
+        };
+        for (k : 0 .. NSLOT - 1) {
+            if :: watch[k] > 0 -> watch[k]-- :: else fi
         };
         k = 0 }
     od
