@@ -1,5 +1,8 @@
 """`fencegate jobs list|show|retry|cancel|purge`: the lease queue as an operator sees it.
 
+``list`` also shows each scheduling limit in force (per work class, per key, per provider's
+rate), how many jobs run under it and how many ready jobs it holds back.
+
 ``show`` gives a job's attempts (token, owner, times, outcome) and stages; errors appear as a
 code and a hash, never as text (it may quote the payload). ``retry`` gives a failed or
 cancelled job one more attempt; ``cancel`` stops a queued or running one (its holder's next
@@ -25,8 +28,9 @@ from fencegate.lease import LeaseQueue
 from fencegate.operator_actions import cancel_job, retry_job
 from fencegate.store.inspect import JOB_STATES, Inspector, Page, Row
 
-_LIST = ("id", "kind", "state", "attempt", "max_attempts", "fencing_token", "owner_id",
-         "lease_until", "updated_at", "has_error")  # fmt: skip
+_LIST = ("id", "kind", "state", "priority", "concurrency_key", "attempt", "max_attempts",
+         "fencing_token", "owner_id", "lease_until", "updated_at", "has_error")  # fmt: skip
+_LIMITS = ("rule", "subject", "limit", "running", "waiting", "detail")
 _ATTEMPTS = ("attempt", "fencing_token", "owner_id", "claimed_at", "ended_at", "outcome", "error")
 _STAGES = ("name", "fencing_token", "committed_at", "idempotency_key")
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
@@ -71,15 +75,18 @@ def duration(text: str) -> float:
     return float(match.group(1)) * _UNIT[match.group(2)]
 
 
-async def _with_inspector(args: argparse.Namespace) -> Page | Row | int | None:
+async def _with_inspector(
+    args: argparse.Namespace,
+) -> tuple[Page, list[Row]] | Row | int | None:
     inspector = await Inspector.open(args.database_url, timeout=args.timeout)
     actor = f"operator:{getattr(args, 'by', '')}"
     try:
         if args.action == "list":
-            return await inspector.jobs(
+            page = await inspector.jobs(
                 state=args.state, kind=args.kind, cursor=args.cursor, limit=args.limit,
                 timeout=args.timeout,
             )  # fmt: skip
+            return page, await inspector.limits(timeout=args.timeout)
         if args.action == "show":
             return await inspector.job(args.job_id, timeout=args.timeout)
         if args.action in ("retry", "cancel"):
@@ -106,13 +113,17 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError("--limit must be at least 1")
     result = run_on_store(_with_inspector(args))
     if args.action == "list":
-        assert isinstance(result, Page)
+        assert isinstance(result, tuple)
+        page, limits = result
         if args.json:
-            print_json({"jobs": result.rows, "cursor": result.cursor})
+            print_json({"jobs": page.rows, "cursor": page.cursor, "limits": limits})
         else:
-            print_table(result.rows, _LIST)
-            if result.cursor:
-                print(f"more: --cursor {result.cursor}")
+            print_table(page.rows, _LIST)
+            if page.cursor:
+                print(f"more: --cursor {page.cursor}")
+            if limits:
+                print("\nlimits (running under each, ready jobs held back by it):")
+                print_table(limits, _LIMITS)
         return 0
     if args.action == "purge":
         print_json({"deleted": result}) if args.json else print(f"purged {result} jobs")

@@ -51,7 +51,8 @@ async def jobs(request: Request, viewer: Viewer) -> Response:
     page = await inspector.jobs(
         state=state, kind=kind, cursor=_param(request, "cursor"), limit=PAGE_SIZE
     )
-    context = {"page": page, "state": state, "kind": kind, "states": JOB_STATES}
+    limits = await inspector.limits()
+    context = {"page": page, "state": state, "kind": kind, "states": JOB_STATES, "limits": limits}
     return render(request, "jobs.html", context, viewer=viewer)
 
 

@@ -12,7 +12,7 @@ from fencegate.lease.errors import (
     UnknownWorkClass,
 )
 from fencegate.lease.models import Attempt, Job, Lease, NewJob, StageRecord
-from fencegate.lease.policy import WorkClass
+from fencegate.lease.policy import RateLimit, WorkClass
 from fencegate.lease.queue import LeaseQueue
 
 if TYPE_CHECKING:
@@ -35,6 +35,7 @@ __all__ = [
     "OwnershipLost",
     "OwnershipUnknown",
     "PermanentError",
+    "RateLimit",
     "StageRecord",
     "StoreUnavailable",
     "UnknownWorkClass",

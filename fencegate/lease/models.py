@@ -5,7 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from fencegate.lease.policy import RateLimit
 
 JobState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 AttemptOutcome = Literal[
@@ -36,6 +41,9 @@ class Lease:
     idempotency_key: str
     stage_timeout_seconds: float | None
     tool_timeout_seconds: float | None
+    priority: int = 0
+    concurrency_key: str | None = None
+    model: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +69,9 @@ class Job:
     created_at: datetime
     updated_at: datetime
     tool_timeout_seconds: float | None = None
+    priority: int = 0
+    concurrency_key: str | None = None
+    model: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,3 +114,38 @@ class NewJob:
     stage_timeout_seconds: float | None
     tool_timeout_seconds: float | None
     run_after_seconds: float
+    priority: int = 0
+    concurrency_key: str | None = None
+    model: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ClassLimits:
+    """What the database enforces for one work class (see `WorkClass`)."""
+
+    kind: str
+    max_running: int | None
+    max_running_per_key: int | None
+    provider: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Scheduling:
+    """The limits a queue declared: written to the store before its first claim, and the
+    names a claim of limited kinds locks (claims of them take turns)."""
+
+    classes: tuple[ClassLimits, ...] = ()
+    rates: tuple[RateLimit, ...] = ()
+
+    def lock_names(self, kinds: Sequence[str] | None) -> list[str]:
+        """The kinds and providers whose limits a claim of ``kinds`` must count alone."""
+        names: set[str] = set()
+        bucketed = {rate.provider for rate in self.rates}
+        for limits in self.classes:
+            if kinds is not None and limits.kind not in kinds:
+                continue
+            if limits.max_running is not None or limits.max_running_per_key is not None:
+                names.add(f"kind:{limits.kind}")
+            if limits.provider is not None and limits.provider in bucketed:
+                names.add(f"provider:{limits.provider}")
+        return sorted(names)

@@ -8,6 +8,7 @@ refused unless it outlives the heartbeats it may miss plus a margin for jitter
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass
 
 DEFAULT_LEASE_SECONDS = 90.0
@@ -17,6 +18,9 @@ DEFAULT_JITTER_SECONDS = 20.0
 DEFAULT_MAX_ATTEMPTS = 5
 DEFAULT_BACKOFF_BASE_SECONDS = 1.0
 DEFAULT_BACKOFF_MAX_SECONDS = 300.0
+
+# Provider and model names are metric labels: declared names, never free text from a model.
+_LABEL = re.compile(r"[a-z0-9][a-z0-9_.-]{0,62}")
 
 
 def _seconds(value: float) -> str:
@@ -65,10 +69,32 @@ class WorkClass:
     backoff_max_seconds: float = DEFAULT_BACKOFF_MAX_SECONDS
     stage_timeout_seconds: float | None = None
     tool_timeout_seconds: float | None = None
+    # Scheduling, enforced by the database for every worker of the fleet: at most
+    # max_running jobs of this kind hold a live lease at once, at most max_running_per_key
+    # per concurrency key; each job granted takes a token from the provider's bucket
+    # (`RateLimit`). provider and model also label the metrics and events.
+    max_running: int | None = None
+    max_running_per_key: int | None = None
+    provider: str | None = None
+    model: str | None = None
+    # The models a job of this class may name (`enqueue(model=...)`), besides ``model``.
+    models: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.kind:
             raise ValueError("a work class needs a kind")
+        for name in ("max_running", "max_running_per_key"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} {value!r} must be a whole number of at least 1")
+        if isinstance(self.models, str):
+            raise TypeError(f"models must be a tuple of names, e.g. models=({self.models!r},)")
+        for name, value in [("provider", self.provider), ("model", self.model)] + [
+            ("models", m) for m in self.models
+        ]:
+            if value is not None and not _LABEL.fullmatch(value):
+                raise ValueError(f"{name} {value!r} must match {_LABEL.pattern} (it is a label)")
+
         check_intervals(
             lease_seconds=self.lease_seconds,
             heartbeat_seconds=self.heartbeat_seconds,
@@ -86,6 +112,30 @@ class WorkClass:
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ValueError(f"{name} {value:g} must be positive")
+
+    def allows_model(self, model: str) -> bool:
+        """Whether a job of this class may name ``model`` (a declared name, never free text)."""
+        return model == self.model or model in self.models
+
+
+@dataclass(frozen=True, slots=True)
+class RateLimit:
+    """At most ``limit`` jobs of the provider's work classes granted per ``per_seconds``,
+    across the fleet: a token bucket kept in the database (``limit`` tokens, refilled at
+    ``limit / per_seconds`` a second). A job that finds no token stays queued, holding no
+    lease, until one is there."""
+
+    provider: str
+    limit: int
+    per_seconds: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not _LABEL.fullmatch(self.provider):
+            raise ValueError(f"provider {self.provider!r} must match {_LABEL.pattern}")
+        if not isinstance(self.limit, int) or self.limit < 1:
+            raise ValueError(f"rate limit {self.limit!r} must be a whole number of at least 1")
+        if not self.per_seconds > 0:
+            raise ValueError(f"per_seconds {self.per_seconds:g} must be positive")
 
 
 def backoff_seconds(

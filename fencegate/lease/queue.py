@@ -28,13 +28,21 @@ from fencegate.lease.errors import JobNotFound, UnknownWorkClass
 from fencegate.lease.models import (
     JOB_STATES,
     Attempt,
+    ClassLimits,
     Job,
     JobState,
     Lease,
     NewJob,
+    Scheduling,
     StageRecord,
 )
-from fencegate.lease.policy import WorkClass, backoff_seconds, check_intervals, fails_for_good
+from fencegate.lease.policy import (
+    RateLimit,
+    WorkClass,
+    backoff_seconds,
+    check_intervals,
+    fails_for_good,
+)
 from fencegate.store.batching import Batcher
 from fencegate.store.dburl import parse_database_url
 
@@ -58,6 +66,9 @@ class JobOptions(TypedDict, total=False):
     stage_timeout_seconds: float | None
     tool_timeout_seconds: float | None
     run_after: float | None
+    priority: int
+    concurrency_key: str | None
+    model: str | None
 
 
 class LeaseQueue:
@@ -69,6 +80,9 @@ class LeaseQueue:
     def __init__(self, driver: Driver, *, rng: random.Random | None = None) -> None:
         self._driver = driver
         self._classes: dict[str, WorkClass] = {}
+        self._rates: dict[str, RateLimit] = {}
+        # The limits as last written to the store (None: not yet).
+        self._written: Scheduling | None = None
         self._rng = rng or random.Random()
         # The URL this queue was opened with, so a Worker can open the heartbeat's own
         # connection to the same store.
@@ -136,9 +150,25 @@ class LeaseQueue:
     # -- work classes ---------------------------------------------------------------------
 
     def declare(self, work_class: WorkClass) -> WorkClass:
-        """Register the policy of one kind of job (checked when the WorkClass was built)."""
+        """Register the policy of one kind of job (checked when the WorkClass was built).
+        Its limits (``max_running``, ``max_running_per_key``, ``provider``) are written to the
+        store before this queue's next claim, and hold for every worker of the fleet."""
         self._classes[work_class.kind] = work_class
         return work_class
+
+    def declare_rate_limit(self, rate_limit: RateLimit) -> RateLimit:
+        """Declare a provider's token bucket (kept in the store, shared by the fleet)."""
+        self._rates[rate_limit.provider] = rate_limit
+        return rate_limit
+
+    def scheduling(self) -> Scheduling:
+        """The limits this queue declared."""
+        classes = tuple(
+            ClassLimits(c.kind, c.max_running, c.max_running_per_key, c.provider)
+            for c in self._classes.values()
+            if c.max_running or c.max_running_per_key or c.provider
+        )
+        return Scheduling(classes, tuple(self._rates.values()))
 
     def work_class(self, kind: str) -> WorkClass:
         """The declared policy of a kind; `UnknownWorkClass` if it was never declared."""
@@ -169,6 +199,9 @@ class LeaseQueue:
         stage_timeout_seconds: float | None = None,
         tool_timeout_seconds: float | None = None,
         run_after: float | None = None,
+        priority: int | None = None,
+        concurrency_key: str | None = None,
+        model: str | None = None,
     ) -> NewJob:
         """Resolve and check one job's policy without storing it (see `enqueue`).
 
@@ -191,6 +224,18 @@ class LeaseQueue:
             raise ValueError(f"run_after {run_after:g}s must not be negative")
         if idempotency_key is not None and not idempotency_key:
             raise ValueError("idempotency_key must not be empty")
+        if priority is not None and (
+            not isinstance(priority, int) or isinstance(priority, bool) or abs(priority) > 2**31 - 1
+        ):
+            raise ValueError(f"priority {priority!r} must be a whole number (32 bits)")
+        if concurrency_key is not None and not concurrency_key:
+            raise ValueError("concurrency_key must not be empty")
+        if model is not None and not (kind in self._classes and policy.allows_model(model)):
+            declared = sorted({m for m in (policy.model, *policy.models) if m is not None})
+            raise ValueError(
+                f"model {model!r} is not declared for work class {kind!r} "
+                f"(declared: {declared or 'none'}): a model is a label from a fixed set"
+            )
         _check_json(payload, "payload")
         return NewJob(
             kind=kind,
@@ -212,6 +257,9 @@ class LeaseQueue:
                 else tool_timeout_seconds
             ),
             run_after_seconds=float(run_after or 0.0),
+            priority=priority or 0,
+            concurrency_key=concurrency_key,
+            model=model or policy.model,
         )
 
     async def enqueue(
@@ -224,8 +272,10 @@ class LeaseQueue:
     ) -> int:
         """Store one job; returns its id. The same idempotency key again returns the same id
         and stores nothing. The options are `new_job`'s (`JobOptions`): ``idempotency_key``,
-        ``max_attempts``, the intervals, and ``run_after``, which delays the job by that many
-        seconds."""
+        ``max_attempts``, the intervals, ``run_after``, which delays the job by that many
+        seconds, ``priority`` (higher first, default 0; ties in enqueue order),
+        ``concurrency_key`` (for the work class's ``max_running_per_key``) and ``model`` (a
+        metric label: one of the names the declared work class allows)."""
         job = self.new_job(kind, payload, **options)
         [job_id] = await self._driver.enqueue([job], timeout=timeout)
         return job_id
@@ -265,7 +315,13 @@ class LeaseQueue:
             raise ValueError(f"limit {limit} must be at least 1")
         if kinds is not None and not kinds:
             return []
-        return await self._driver.claim(owner_id, kinds, limit, timeout=timeout)
+        scheduling = self.scheduling()
+        if scheduling != self._written:
+            await self._driver.declare(scheduling, timeout=timeout)
+            self._written = scheduling
+        return await self._driver.claim(
+            owner_id, kinds, limit, locks=scheduling.lock_names(kinds), timeout=timeout
+        )
 
     async def extend(self, lease: Lease, *, timeout: float = DEFAULT_TIMEOUT) -> Lease | None:
         """Renew a lease for its own duration from now. None means the lease is lost (expired,

@@ -61,7 +61,7 @@ from fencegate.lease.policy import fails_for_good
 
 if TYPE_CHECKING:
     from fencegate.lease.models import Lease
-    from fencegate.lease.policy import WorkClass
+    from fencegate.lease.policy import RateLimit, WorkClass
     from fencegate.lease.queue import LeaseQueue
     from fencegate.lease.testing import PartitionedStore
     from fencegate.types import RequestSigner
@@ -102,6 +102,7 @@ class Worker:
         kinds: Sequence[str] | None = None,
         concurrency: int = 4,
         work_classes: Iterable[WorkClass] = (),
+        rate_limits: Iterable[RateLimit] = (),
         signer: RequestSigner | None = None,
         events: EventLog | None = None,
         metrics: WorkerMetrics | None = None,
@@ -124,6 +125,7 @@ class Worker:
             raise ValueError(f"no tool for kind(s) {', '.join(missing)}")
         self.concurrency = concurrency
         self.work_classes = list(work_classes)
+        self.rate_limits = list(rate_limits)
         self.signer = signer
         # By default every event is a JSON line on stderr, where a process supervisor or a
         # log shipper picks it up; EventLog() keeps them in memory only.
@@ -212,6 +214,8 @@ class Worker:
             self.queue = cast("LeaseQueue", self._queue_arg)
         for work_class in self.work_classes:
             self.queue.declare(work_class)
+        for rate_limit in self.rate_limits:
+            self.queue.declare_rate_limit(rate_limit)
         connect = self._heartbeat_store or self._default_heartbeat_store()
         self._controller = HeartbeatController(
             connect, events=self.events, metrics=self.metrics, worker_id=self.worker_id
@@ -293,7 +297,8 @@ class Worker:
                     except StoreUnavailable:
                         await asyncio.wait({stop_wait}, timeout=self.poll_seconds)
                         continue
-                    for lease in claimed:
+                    # A batch comes back in job id order; the higher priorities start first.
+                    for lease in sorted(claimed, key=lambda lease: -lease.priority):
                         self._launch(lease, sent_at)
                 if claimed and self._free_slots() > 0:
                     continue  # there may be more ready work right now

@@ -178,6 +178,12 @@ class Inspector:
             "stale_fence_rate": (counts.get("stale", 0) / total) if total else 0.0,
         }
 
+    async def limits(self, *, timeout: float = 10.0) -> list[Row]:
+        """Each scheduling limit in force: its rule (max_running, max_running_per_key, rate),
+        the work class or provider, the limit, the jobs running under it and the ready jobs
+        it holds back now (a rate limit's detail: the tokens in its bucket)."""
+        return await self._rows("scheduling_limits", timeout=timeout)
+
     async def ownership(self, *, timeout: float = 10.0) -> list[Row]:
         """By work class: queued, running, expired (lease ran out, not yet reclaimed),
         reclaimed, the smallest remaining lease and the oldest heartbeat among running."""

@@ -2,7 +2,8 @@
 CTEs) and once as SQLite statements driven from Python. This differential test holds the two
 together: random sequences of enqueues, claims, renewals, completions, failures (with and
 without a retry), releases, an operator's cancels and retries, stage commits and moves of the
-database clock run against both stores side by side, and every answer must be the same:
+database clock run against both stores side by side, under the same scheduling (priorities, a
+limit per kind and per key, a provider's bucket), and every answer must be the same:
 True/False/None, which job each claim returns, job states and attempts, the attempt history,
 the order of the fencing tokens relative to each other, and what the operator's `Inspector`
 reads (jobs by state, the queue's depth, running leases, ownership by work class, reclaimed
@@ -30,7 +31,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from fencegate.lease import JobNotFound, Lease, LeaseQueue
+from fencegate.lease import JobNotFound, Lease, LeaseQueue, RateLimit, WorkClass
 from fencegate.store.inspect import JOB_STATES, Inspector
 from tests.support.two_stores import (
     LEASE_PG_CLEAR,
@@ -53,6 +54,27 @@ DELAY = 5.0
 KINDS = ("a", "b")
 STAGES = ("s1", "s2")
 MAX_JOBS = 8
+# Scheduling: kind a runs at most two at once and takes a token from provider p's bucket
+# (three tokens, refilled so slowly that none comes back during a run); kind b runs one job
+# per concurrency key at once.
+LIMITED = (
+    WorkClass(
+        kind="a",
+        max_running=2,
+        provider="p",
+        lease_seconds=LEASE,
+        heartbeat_seconds=HEARTBEAT,
+        jitter_seconds=JITTER,
+    ),
+    WorkClass(
+        kind="b",
+        max_running_per_key=1,
+        lease_seconds=LEASE,
+        heartbeat_seconds=HEARTBEAT,
+        jitter_seconds=JITTER,
+    ),
+)
+BUCKET = RateLimit("p", 3, per_seconds=31_536_000.0)  # three a year
 
 _SQLITE_NOW = "SELECT julianday('now')"
 # Ownership gauges measured on each store's own clock.
@@ -115,6 +137,10 @@ class TwoQueues(RuleBasedStateMachine):
             self.run(Inspector.open(self.sqlite_url, timeout=TIMEOUT)),
             self.run(Inspector.open(self.pg_url, timeout=TIMEOUT)),
         )
+        for queue in self.queues:
+            for work_class in LIMITED:
+                queue.declare(work_class)
+            queue.declare_rate_limit(BUCKET)
 
     async def _clear(self) -> None:
         await run_on_both(self.pg_url, self.sqlite_url, LEASE_PG_CLEAR, LEASE_SQLITE_CLEAR)
@@ -127,12 +153,14 @@ class TwoQueues(RuleBasedStateMachine):
                 st.sampled_from(["k1", "k2", None, None, None]),
                 st.integers(1, 3),
                 st.booleans(),
+                st.sampled_from([0, 0, 1, -1]),
+                st.sampled_from(["c1", "c2", None]),
             ),
             min_size=1,
             max_size=3,
         )
     )
-    def enqueue(self, jobs: list[tuple[str, str | None, int, bool]]) -> None:
+    def enqueue(self, jobs: list[tuple[str, str | None, int, bool, int, str | None]]) -> None:
         specs = [
             {
                 "kind": kind,
@@ -143,8 +171,12 @@ class TwoQueues(RuleBasedStateMachine):
                 "heartbeat_seconds": HEARTBEAT,
                 "jitter_seconds": JITTER,
                 "run_after": DELAY if delayed else None,
+                "priority": priority,
+                "concurrency_key": concurrency_key,
             }
-            for index, (kind, key, max_attempts, delayed) in enumerate(jobs)
+            for index, (kind, key, max_attempts, delayed, priority, concurrency_key) in enumerate(
+                jobs
+            )
         ]
         lite, pg = self.both(lambda q, _: q.enqueue_many(specs, timeout=TIMEOUT))
         for lite_id, pg_id in zip(lite, pg, strict=True):
@@ -281,6 +313,8 @@ class TwoQueues(RuleBasedStateMachine):
                 (
                     self.job(side, job.id),
                     job.kind,
+                    job.priority,
+                    job.concurrency_key,
                     job.state,
                     job.owner_id,
                     job.attempt,
@@ -303,10 +337,10 @@ class TwoQueues(RuleBasedStateMachine):
 
         return [
             (
-                *row[:9],
-                rank(row[9]),
-                [(*a[:4], rank(a[4])) for a in row[10]],
-                [None if s is None else (s[0], rank(s[1])) for s in row[11]],
+                *row[:11],
+                rank(row[11]),
+                [(*a[:4], rank(a[4])) for a in row[12]],
+                [None if s is None else (s[0], rank(s[1])) for s in row[13]],
             )
             for row in rows
         ]
@@ -345,6 +379,7 @@ class TwoQueues(RuleBasedStateMachine):
                 for row in await inspector.ownership(timeout=TIMEOUT)
             ]
         )
+        found.append(await inspector.limits(timeout=TIMEOUT))
         return found
 
     # A rule rather than an invariant: reading everything after every step would cost more

@@ -36,12 +36,15 @@ GATEWAY_SQLITE_SHIFT = [
 # The lease queue's tables emptied (ids and tokens from 1 again), and its clock moved.
 LEASE_PG_CLEAR = [
     "TRUNCATE fencegate_job_stages, fencegate_job_attempts, fencegate_jobs RESTART IDENTITY",
+    "TRUNCATE fencegate_work_classes, fencegate_rate_limits",
     "ALTER SEQUENCE fencegate_fencing_tokens RESTART",
 ]
 LEASE_SQLITE_CLEAR = [
     "DELETE FROM fencegate_job_stages",
     "DELETE FROM fencegate_job_attempts",
     "DELETE FROM fencegate_jobs",
+    "DELETE FROM fencegate_work_classes",
+    "DELETE FROM fencegate_rate_limits",
     "DELETE FROM sqlite_sequence WHERE name = 'fencegate_jobs'",
     "UPDATE fencegate_sequences SET value = 0 WHERE name = 'fencing_token'",
 ]

@@ -6,16 +6,21 @@ on SIGTERM (through `run_worker`), or with ``--until-idle`` exits once there is 
 to do.
 
 Tools (by ``--tool``): ``sleep`` waits ``payload["seconds"]``; ``echo`` returns the payload's
-``n`` and the token that ran it.
+``n`` and the token that ran it; ``span`` waits ``payload["seconds"]`` and returns when it
+started and ended (the host's clock), so a test can count how many ran at once.
+
+Scheduling (``--max-running``, ``--max-running-per-key``, ``--provider`` with ``--rate``
+per second) is declared on the work class, as a deployment declares it.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import time
 from typing import Any
 
-from fencegate.lease import WorkClass
+from fencegate.lease import RateLimit, WorkClass
 from fencegate.lease.events import EventLog
 from fencegate.lease.job import JobContext
 from fencegate.lease.metrics import WorkerMetrics
@@ -47,7 +52,19 @@ async def post_httpx_tool(job: JobContext) -> dict[str, Any]:
     return {"status": response.status_code}
 
 
-TOOLS = {"sleep": sleep_tool, "echo": echo_tool, "post": post_tool, "post_httpx": post_httpx_tool}
+async def span_tool(job: JobContext) -> dict[str, Any]:
+    started = time.time()
+    await asyncio.sleep(float(job.payload["seconds"]))
+    return {"started": started, "ended": time.time(), "key": job.lease.concurrency_key}
+
+
+TOOLS = {
+    "sleep": sleep_tool,
+    "echo": echo_tool,
+    "post": post_tool,
+    "post_httpx": post_httpx_tool,
+    "span": span_tool,
+}
 
 
 def build(args: argparse.Namespace, events: EventLog) -> list[Worker]:
@@ -59,7 +76,11 @@ def build(args: argparse.Namespace, events: EventLog) -> list[Worker]:
         jitter_seconds=args.jitter_seconds,
         backoff_base_seconds=0.05,
         backoff_max_seconds=0.2,
+        max_running=args.max_running,
+        max_running_per_key=args.max_running_per_key,
+        provider=args.provider,
     )
+    rates = [RateLimit(args.provider, args.rate)] if args.provider and args.rate else []
     return [
         Worker(
             args.url,
@@ -67,6 +88,7 @@ def build(args: argparse.Namespace, events: EventLog) -> list[Worker]:
             worker_id=f"{args.name}-w{i}",
             concurrency=args.concurrency,
             work_classes=[fast],
+            rate_limits=rates,
             events=events,
             metrics=metrics,
             poll_seconds=0.2,
@@ -104,6 +126,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--jitter-seconds", type=float, default=0.5)
     parser.add_argument("--grace-seconds", type=float, default=5.0)
     parser.add_argument("--until-idle", action="store_true")
+    parser.add_argument("--max-running", type=int)
+    parser.add_argument("--max-running-per-key", type=int)
+    parser.add_argument("--provider")
+    parser.add_argument("--rate", type=int, help="jobs per second for --provider")
     return parser.parse_args(argv)
 
 

@@ -15,7 +15,15 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
-from fencegate.lease.models import Attempt, Job, JobState, Lease, NewJob, StageRecord
+from fencegate.lease.models import (
+    Attempt,
+    Job,
+    JobState,
+    Lease,
+    NewJob,
+    Scheduling,
+    StageRecord,
+)
 from fencegate.store.queries import Queries
 
 
@@ -53,6 +61,9 @@ def lease_from(row: Row, decode: Decoding) -> Lease:
         idempotency_key=row["idempotency_key"],
         stage_timeout_seconds=_optional_float(row["stage_timeout_seconds"]),
         tool_timeout_seconds=_optional_float(row["tool_timeout_seconds"]),
+        priority=row["priority"],
+        concurrency_key=row["concurrency_key"],
+        model=row["model"],
     )
 
 
@@ -83,6 +94,9 @@ def job_from(row: Row, decode: Decoding) -> Job:
         created_at=decode.time(row["created_at"]),
         updated_at=decode.time(row["updated_at"]),
         tool_timeout_seconds=_optional_float(row["tool_timeout_seconds"]),
+        priority=row["priority"],
+        concurrency_key=row["concurrency_key"],
+        model=row["model"],
     )
 
 
@@ -138,9 +152,21 @@ class Driver(abc.ABC):
         """Insert jobs; a job whose idempotency key exists already yields the existing id."""
 
     @abc.abstractmethod
+    async def declare(self, scheduling: Scheduling, *, timeout: float) -> None:
+        """Write the declared work-class limits and rate limits (the last declaration wins)."""
+
+    @abc.abstractmethod
     async def claim(
-        self, owner_id: str, kinds: Sequence[str] | None, limit: int, *, timeout: float
-    ) -> list[Lease]: ...
+        self,
+        owner_id: str,
+        kinds: Sequence[str] | None,
+        limit: int,
+        *,
+        locks: Sequence[str],
+        timeout: float,
+    ) -> list[Lease]:
+        """Grant up to ``limit`` leases within the limits stored; ``locks`` names the kinds
+        and providers whose limits this claim counts (claims of them take turns)."""
 
     @abc.abstractmethod
     async def extend_many(

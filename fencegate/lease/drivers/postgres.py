@@ -20,7 +20,7 @@ import orjson
 
 from fencegate.errors import StoreUnavailable
 from fencegate.lease.drivers.base import Decoding, Driver, Row, lease_from
-from fencegate.lease.models import JobState, Lease, NewJob
+from fencegate.lease.models import JobState, Lease, NewJob, Scheduling
 from fencegate.store.dburl import DatabaseURL
 from fencegate.store.migrations import migrate_postgres
 from fencegate.store.pg import PgDatabase
@@ -243,6 +243,9 @@ class PostgresDriver(Driver):
             [j.stage_timeout_seconds for j in jobs],
             [j.tool_timeout_seconds for j in jobs],
             [j.run_after_seconds for j in jobs],
+            [j.priority for j in jobs],
+            [j.concurrency_key for j in jobs],
+            [j.model for j in jobs],
         )
 
         async def call(conn: asyncpg.Connection) -> list[int]:
@@ -257,8 +260,35 @@ class PostgresDriver(Driver):
 
         return await self._run(call, timeout=timeout)
 
+    async def declare(self, scheduling: Scheduling, *, timeout: float) -> None:
+        classes, rates = scheduling.classes, scheduling.rates
+
+        async def call(conn: asyncpg.Connection) -> None:
+            async with conn.transaction():
+                await conn.execute(
+                    Q.lease_declare_work_classes,
+                    [c.kind for c in classes],
+                    [c.max_running for c in classes],
+                    [c.max_running_per_key for c in classes],
+                    [c.provider for c in classes],
+                )
+                await conn.execute(
+                    Q.lease_declare_rate_limits,
+                    [r.provider for r in rates],
+                    [float(r.limit) for r in rates],
+                    [r.per_seconds for r in rates],
+                )
+
+        await self._run(call, timeout=timeout)
+
     async def claim(
-        self, owner_id: str, kinds: Sequence[str] | None, limit: int, *, timeout: float
+        self,
+        owner_id: str,
+        kinds: Sequence[str] | None,
+        limit: int,
+        *,
+        locks: Sequence[str],
+        timeout: float,
     ) -> list[Lease]:
         self._notifications.mark_claimed(kinds)
         query: str
@@ -269,9 +299,20 @@ class PostgresDriver(Driver):
             query, kind_arg = Q.lease_claim_one_kind, kinds[0]
         else:
             query, kind_arg = Q.lease_claim_kinds, list(kinds)
-        rows = await self._run(
-            lambda conn: conn.fetch(query, owner_id, kind_arg, limit), timeout=timeout
-        )
+
+        async def taking_turns(conn: asyncpg.Connection) -> list[asyncpg.Record]:
+            # The claim's own statement must start after the locks are held, so that its
+            # snapshot counts what the claims before it committed.
+            async with conn.transaction():
+                await conn.execute(Q.lease_claim_lock, list(locks))
+                return list(await conn.fetch(query, owner_id, kind_arg, limit))
+
+        if locks:
+            rows = await self._run(taking_turns, timeout=timeout)
+        else:
+            rows = await self._run(
+                lambda conn: conn.fetch(query, owner_id, kind_arg, limit), timeout=timeout
+            )
         return [lease_from(row, DECODING) for row in rows]
 
     async def extend_many(

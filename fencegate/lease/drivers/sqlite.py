@@ -22,7 +22,8 @@ import orjson
 
 from fencegate.errors import StoreUnavailable
 from fencegate.lease.drivers.base import Decoding, Driver, lease_from
-from fencegate.lease.models import JobState, Lease, NewJob
+from fencegate.lease.drivers.sqlite_limits import LOOKAHEAD, choose, read_limits, spend_tokens
+from fencegate.lease.models import JobState, Lease, NewJob, Scheduling
 from fencegate.store.migrations import migrate_sqlite_sync
 from fencegate.store.queries import Queries
 from fencegate.store.sqlite_db import SQLiteDatabase
@@ -118,18 +119,25 @@ def _claim(
     statements: _ClaimStatements,
     kinds: str | None,
     limit: int,
-) -> list[Lease]:
+) -> tuple[list[Lease], bool]:
+    """The leases granted, and whether limits held back ready work."""
     now = _now(conn)
     which = {"now": now, "kinds": kinds}
     for token, error in conn.execute(statements.fail_exhausted, which).fetchall():
         _end_attempt(conn, token, now, "lease_expired", error)
-    candidates = conn.execute(statements.expired, which | {"limit": limit}).fetchall()
-    if len(candidates) < limit:
-        candidates += conn.execute(
-            statements.queued, which | {"limit": limit - len(candidates)}
-        ).fetchall()
+    limits = read_limits(conn, kinds, now)
+    scan = which | limits.scan_arguments() | {"limit": limit * LOOKAHEAD if limits.any else limit}
+    if statements is _ONE_KIND and limits.full_kinds():
+        candidates = []  # the one kind is full: nothing to scan
+    else:
+        candidates = conn.execute(statements.expired, scan).fetchall()
+        candidates += conn.execute(statements.queued, scan).fetchall()
+    found = len(candidates)
+    candidates = choose(candidates, limits, limit)
+    spend_tokens(conn, limits, candidates)
+    held_back = len(candidates) < min(found, limit) or (limits.any and not candidates)
     if not candidates:
-        return []
+        return [], held_back
     last = conn.execute(Q.lease_take_tokens, {"count": len(candidates)}).fetchone()[0]
     first = last - len(candidates) + 1
     leases: list[Lease] = []
@@ -160,7 +168,7 @@ def _claim(
             },
         )
         leases.append(lease_from(row, DECODING))
-    return leases
+    return leases, held_back
 
 
 def _fail_one(
@@ -230,6 +238,7 @@ class SQLiteDriver(Driver):
         self._db = SQLiteDatabase(path)
         # Transactions sent, so that batching can be observed (tests, benchmarks).
         self.round_trips = 0
+        self._held_back: set[str | None] = set()
 
     @classmethod
     async def connect(cls, path: Path, *, timeout: float) -> SQLiteDriver:
@@ -280,6 +289,9 @@ class SQLiteDriver(Driver):
                         "stage_timeout_seconds": job.stage_timeout_seconds,
                         "tool_timeout_seconds": job.tool_timeout_seconds,
                         "run_after_seconds": job.run_after_seconds,
+                        "priority": job.priority,
+                        "concurrency_key": job.concurrency_key,
+                        "model": job.model,
                         "now": now,
                     },
                 ).fetchone()
@@ -292,15 +304,56 @@ class SQLiteDriver(Driver):
 
         return await self._run(run, timeout=timeout, write=True)
 
+    async def declare(self, scheduling: Scheduling, *, timeout: float) -> None:
+        def run(conn: sqlite3.Connection) -> None:
+            now = _now(conn)
+            for c in scheduling.classes:
+                conn.execute(
+                    Q.lease_declare_work_class,
+                    {
+                        "kind": c.kind,
+                        "max_running": c.max_running,
+                        "max_running_per_key": c.max_running_per_key,
+                        "provider": c.provider,
+                        "now": now,
+                    },
+                )
+            for r in scheduling.rates:
+                conn.execute(
+                    Q.lease_declare_rate_limit,
+                    {
+                        "provider": r.provider,
+                        "capacity": float(r.limit),
+                        "per_seconds": r.per_seconds,
+                        "now": now,
+                    },
+                )
+
+        await self._run(run, timeout=timeout, write=True)
+
     async def claim(
-        self, owner_id: str, kinds: Sequence[str] | None, limit: int, *, timeout: float
+        self,
+        owner_id: str,
+        kinds: Sequence[str] | None,
+        limit: int,
+        *,
+        locks: Sequence[str],
+        timeout: float,
     ) -> list[Lease]:
+        # One BEGIN IMMEDIATE transaction: claims take turns already, no locks needed.
         encoded, statements = _kinds(kinds), _statements(kinds)
-        return await self._run(
+        leases, held_back = await self._run(
             lambda conn: _claim(conn, owner_id, statements, encoded, limit),
             timeout=timeout,
             write=True,
         )
+        # Work held back by a limit still looks ready to `lease_ready`: until a claim of
+        # these kinds gets something again, waiting for work waits a whole poll period.
+        if held_back and not leases:
+            self._held_back.add(encoded)
+        else:
+            self._held_back.discard(encoded)
+        return leases
 
     async def extend_many(
         self, leases: Sequence[Lease], *, timeout: float
@@ -380,6 +433,9 @@ class SQLiteDriver(Driver):
     async def wait_for_work(self, kinds: Sequence[str] | None, *, timeout: float) -> bool:
         """Poll for claimable work every `POLL_SECONDS` (SQLite has no notifications)."""
         encoded, statement = _kinds(kinds), _statements(kinds).ready
+        if encoded in self._held_back:
+            await asyncio.sleep(timeout)
+            return False
 
         def ready(conn: sqlite3.Connection) -> bool:
             which = {"now": _now(conn), "kinds": encoded}

@@ -46,6 +46,7 @@ FROM fencegate_fences WHERE ($1::text IS NULL OR tenant = $1) AND entity = $2;
 -- name: jobs
 -- Jobs newest first, before the cursor (an id), by state and kind.
 SELECT id, kind, state, owner_id, fencing_token, attempt, max_attempts, idempotency_key,
+    priority, concurrency_key,
     extract(epoch FROM lease_until)::float8 AS lease_until,
     extract(epoch FROM heartbeat_at)::float8 AS heartbeat_at,
     extract(epoch FROM run_after)::float8 AS run_after,
@@ -156,3 +157,51 @@ SELECT kind,
         AND a.job_id IN (SELECT id FROM fencegate_jobs k WHERE k.kind = j.kind))::bigint
         AS reclaimed
 FROM fencegate_jobs j GROUP BY kind ORDER BY kind;
+
+-- name: scheduling_limits
+-- Each limit in force (sql/postgres/007_scheduling.sql): how many jobs run under it (a live
+-- lease), and how many ready jobs it holds back now. A rate limit's `detail` is the tokens
+-- in its bucket now.
+WITH live AS (
+    SELECT kind, concurrency_key FROM fencegate_jobs
+     WHERE state = 'running' AND lease_until > now()
+),
+ready AS (
+    SELECT kind, concurrency_key FROM fencegate_jobs
+     WHERE state = 'queued' AND run_after <= now()
+),
+kinds AS (
+    SELECT w.*, (SELECT count(*) FROM live WHERE live.kind = w.kind) AS running,
+           (SELECT count(*) FROM ready WHERE ready.kind = w.kind) AS ready
+      FROM fencegate_work_classes AS w
+),
+buckets AS (
+    SELECT r.provider, r.capacity, r.per_seconds,
+           least(r.capacity, r.tokens + r.capacity / r.per_seconds
+                 * greatest(extract(epoch FROM clock_timestamp() - r.refilled_at), 0)) AS tokens
+      FROM fencegate_rate_limits AS r
+)
+SELECT 'max_running' AS rule, kind AS subject, max_running::text AS "limit",
+       running::bigint, (CASE WHEN running >= max_running THEN ready ELSE 0 END)::bigint AS waiting,
+       NULL::text AS detail
+  FROM kinds WHERE max_running IS NOT NULL
+UNION ALL
+SELECT 'max_running_per_key', k.kind, k.max_running_per_key::text || ' per key',
+       (SELECT count(*) FROM live WHERE live.kind = k.kind
+                                    AND live.concurrency_key IS NOT NULL)::bigint,
+       (SELECT count(*) FROM ready
+         WHERE ready.kind = k.kind AND ready.concurrency_key IN (
+               SELECT concurrency_key FROM live WHERE live.kind = k.kind
+                GROUP BY concurrency_key HAVING count(*) >= k.max_running_per_key))::bigint,
+       NULL::text
+  FROM kinds AS k WHERE k.max_running_per_key IS NOT NULL
+UNION ALL
+SELECT 'rate', b.provider, b.capacity::text || ' per ' || b.per_seconds::text || 's',
+       (SELECT count(*) FROM live JOIN fencegate_work_classes AS w ON w.kind = live.kind
+         WHERE w.provider = b.provider)::bigint,
+       (CASE WHEN b.tokens >= 1 THEN 0
+             ELSE (SELECT count(*) FROM ready JOIN fencegate_work_classes AS w
+                     ON w.kind = ready.kind WHERE w.provider = b.provider) END)::bigint,
+       floor(b.tokens)::text || ' tokens'
+  FROM buckets AS b
+ ORDER BY subject, rule;

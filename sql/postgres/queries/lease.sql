@@ -18,19 +18,21 @@ SELECT 1;
 WITH input AS (
     SELECT *
       FROM unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::float8[], $6::float8[],
-                  $7::float8[], $8::float8[], $9::float8[], $10::float8[]) WITH ORDINALITY
+                  $7::float8[], $8::float8[], $9::float8[], $10::float8[], $11::int[],
+                  $12::text[], $13::text[]) WITH ORDINALITY
            AS t(kind, payload, idempotency_key, max_attempts, lease_seconds, heartbeat_seconds,
                 jitter_seconds, stage_timeout_seconds, tool_timeout_seconds, run_after_seconds,
-                ord)
+                priority, concurrency_key, model, ord)
 ),
 inserted AS (
     INSERT INTO fencegate_jobs (kind, payload, idempotency_key, max_attempts, lease_seconds,
                                 heartbeat_seconds, jitter_seconds, stage_timeout_seconds,
-                                tool_timeout_seconds, run_after)
+                                tool_timeout_seconds, run_after, priority, concurrency_key,
+                                model)
     SELECT kind, COALESCE(payload::jsonb, 'null'::jsonb), idempotency_key, max_attempts,
            lease_seconds, heartbeat_seconds,
            jitter_seconds, stage_timeout_seconds, tool_timeout_seconds,
-           now() + make_interval(secs => run_after_seconds)
+           now() + make_interval(secs => run_after_seconds), priority, concurrency_key, model
       FROM input
      ORDER BY ord
     ON CONFLICT (idempotency_key) DO NOTHING
@@ -44,15 +46,25 @@ SELECT i.ord, COALESCE(n.id, j.id) AS id
 
 -- template: lease_claim
 -- One statement: fail the expired jobs that have no attempt left, grant leases on ready or
--- expired jobs, close the expired attempts and open new ones. Expired leases first (they have
--- waited longest; ties in id order), then queued work in id order, each from its own partial
--- index. Both scans take a constant LIMIT (a computed one is guessed at a tenth of the
--- table), so when expired leases fill the batch a queued row may be locked and not granted:
--- only for this statement, and a concurrent claimer skips it as any locked row.
+-- expired jobs within the limits in force, close the expired attempts and open new ones.
+-- Order: higher priority first; within a priority, expired leases first (they have waited
+-- longest; ties in id order), then queued work in id order, each from its own partial index.
 -- Tokens come from the one sequence and, within the batch, follow the job id: the n-th
 -- smallest id gets the n-th smallest token, whatever order the UPDATE visits its rows in.
 -- $1 owner, $2 the kind filter's argument, $3 limit; the variants below differ only in the
--- kind filter: one kind walks the (kind, id) index in order, several or any walk (id).
+-- kind filter: one kind walks the (kind, priority, id) index in order, several or any walk
+-- (priority, id).
+--
+-- Limits (fencegate_work_classes, fencegate_rate_limits; written by `lease_declare_*`): a
+-- kind's max_running and max_running_per_key count the jobs holding a live lease (an expired
+-- lease does not count), and a provider's bucket gives one token per job granted. Keys and
+-- kinds already full are skipped by the scans themselves (no head-of-line blocking); the
+-- rest are ranked per kind, per key and per provider and cut to the room left. Counting is
+-- only sound when claims of a limited kind take turns: the driver runs `lease_claim_lock`
+-- first, in the same transaction, so this statement's snapshot sees the claim before it.
+-- With limits in force each scan looks ahead four times the limit, since some candidates
+-- may be cut; a candidate locked and not granted is locked for this transaction only.
+--
 -- Cost must not grow with the backlog: a plan made without the limit's value (a generic
 -- plan) guesses a tenth of the table for a LIMIT, so every write finds the rows it touches
 -- through `= ANY(ARRAY(...))` on a primary key, which is always an index lookup, never a
@@ -69,31 +81,107 @@ WITH exhausted AS (
                                FOR UPDATE SKIP LOCKED))
     RETURNING j.fencing_token, j.error
 ),
+limits AS (
+    SELECT kind, max_running, max_running_per_key, provider
+      FROM fencegate_work_classes
+     WHERE (max_running IS NOT NULL OR max_running_per_key IS NOT NULL
+            OR provider IN (SELECT provider FROM fencegate_rate_limits))
+       AND /* TEMPLATE: kinds */
+),
+live AS (
+    SELECT j.kind, j.concurrency_key
+      FROM fencegate_jobs AS j
+     WHERE j.state = 'running' AND j.lease_until >= now()
+       AND j.kind IN (SELECT kind FROM limits)
+),
+full_kinds AS (
+    SELECT l.kind FROM limits AS l
+     WHERE l.max_running <= (SELECT count(*) FROM live WHERE live.kind = l.kind)
+),
+full_keys AS (
+    SELECT live.kind, live.concurrency_key FROM live JOIN limits AS l ON l.kind = live.kind
+     WHERE live.concurrency_key IS NOT NULL
+     GROUP BY live.kind, live.concurrency_key, l.max_running_per_key
+    HAVING count(*) >= l.max_running_per_key
+),
+lookahead AS (
+    SELECT CASE WHEN EXISTS (SELECT 1 FROM limits) THEN $3 * 4 ELSE $3 END AS n
+),
 expired AS (
-    SELECT id, fencing_token AS previous_token,
+    SELECT id, kind, concurrency_key, priority, fencing_token AS previous_token,
            to_jsonb(format('lease expired on attempt %s of %s', attempt, max_attempts))
                AS expiry_error,
            0 AS pass, lease_until AS expired_at
-      FROM fencegate_jobs
+      FROM fencegate_jobs AS j
      WHERE state = 'running' AND lease_until < now() AND attempt < max_attempts
-       AND /* TEMPLATE: kinds */
-     ORDER BY lease_until, id
-     LIMIT $3
+       AND /* TEMPLATE: kinds */ AND /* TEMPLATE: room */
+       AND kind <> ALL(ARRAY(SELECT kind FROM full_kinds))
+       AND NOT EXISTS (SELECT 1 FROM full_keys AS f
+                        WHERE f.kind = j.kind AND f.concurrency_key = j.concurrency_key)
+     ORDER BY priority DESC, lease_until, id
+     LIMIT (SELECT n FROM lookahead)
        FOR UPDATE SKIP LOCKED
 ),
 queued AS (
-    SELECT id, fencing_token AS previous_token, NULL::jsonb AS expiry_error,
-           1 AS pass, NULL::timestamptz AS expired_at
-      FROM fencegate_jobs
+    SELECT id, kind, concurrency_key, priority, fencing_token AS previous_token,
+           NULL::jsonb AS expiry_error, 1 AS pass, NULL::timestamptz AS expired_at
+      FROM fencegate_jobs AS j
      WHERE state = 'queued' AND run_after <= now() AND /* TEMPLATE: kinds */
-     ORDER BY id
-     LIMIT $3
+       AND /* TEMPLATE: room */ AND kind <> ALL(ARRAY(SELECT kind FROM full_kinds))
+       AND NOT EXISTS (SELECT 1 FROM full_keys AS f
+                        WHERE f.kind = j.kind AND f.concurrency_key = j.concurrency_key)
+     ORDER BY priority DESC, id
+     LIMIT (SELECT n FROM lookahead)
        FOR UPDATE SKIP LOCKED
 ),
+clock AS (
+    SELECT clock_timestamp() AS at
+),
+buckets AS (
+    -- Tokens now: what was left, plus capacity per per_seconds since, up to the capacity.
+    SELECT r.provider,
+           floor(least(r.capacity,
+                       r.tokens + r.capacity / r.per_seconds
+                                  * greatest(extract(epoch FROM c.at - r.refilled_at), 0)))
+               AS available,
+           least(r.capacity,
+                 r.tokens + r.capacity / r.per_seconds
+                            * greatest(extract(epoch FROM c.at - r.refilled_at), 0)) AS tokens,
+           greatest(c.at, r.refilled_at) AS at
+      FROM fencegate_rate_limits AS r, clock AS c
+     WHERE r.provider IN (SELECT provider FROM limits)
+),
+ranked AS (
+    SELECT c.*, l.max_running, l.max_running_per_key, b.provider, b.available,
+           row_number() OVER (PARTITION BY c.kind
+                              ORDER BY c.priority DESC, c.pass, c.expired_at, c.id) AS in_kind,
+           row_number() OVER (PARTITION BY c.kind, c.concurrency_key
+                              ORDER BY c.priority DESC, c.pass, c.expired_at, c.id) AS in_key,
+           row_number() OVER (PARTITION BY b.provider
+                              ORDER BY c.priority DESC, c.pass, c.expired_at, c.id) AS in_bucket
+      FROM (SELECT * FROM expired UNION ALL SELECT * FROM queued) AS c
+      LEFT JOIN limits AS l ON l.kind = c.kind
+      LEFT JOIN buckets AS b ON b.provider = l.provider
+),
 chosen AS (
-    SELECT * FROM expired UNION ALL SELECT * FROM queued
-     ORDER BY pass, expired_at, id
+    SELECT r.* FROM ranked AS r
+     WHERE (r.max_running IS NULL
+            OR r.in_kind <= r.max_running - (SELECT count(*) FROM live WHERE live.kind = r.kind))
+       AND (r.max_running_per_key IS NULL OR r.concurrency_key IS NULL
+            OR r.in_key <= r.max_running_per_key
+                           - (SELECT count(*) FROM live
+                               WHERE live.kind = r.kind
+                                 AND live.concurrency_key = r.concurrency_key))
+       AND (r.provider IS NULL OR r.in_bucket <= r.available)
+     ORDER BY r.priority DESC, r.pass, r.expired_at, r.id
      LIMIT $3
+),
+spent AS (
+    UPDATE fencegate_rate_limits AS r
+       SET tokens = b.tokens - (SELECT count(*) FROM chosen AS c WHERE c.provider = b.provider),
+           refilled_at = b.at
+      FROM buckets AS b
+     WHERE r.provider = b.provider
 ),
 numbered AS (
     SELECT c.id, c.previous_token, c.expiry_error, row_number() OVER (ORDER BY c.id) AS n
@@ -131,18 +219,53 @@ opened AS (
 )
 SELECT id, kind, owner_id, fencing_token, lease_until, lease_seconds, heartbeat_seconds,
        attempt, max_attempts, payload, idempotency_key, stage_timeout_seconds,
-       tool_timeout_seconds
+       tool_timeout_seconds, priority, concurrency_key, model
   FROM granted ORDER BY id;
 
 -- name: lease_claim_one_kind from lease_claim
+-- A kind already full is not scanned at all (rather than each of its rows filtered out).
 -- kinds: kind = $2::text
+-- room: NOT EXISTS (SELECT 1 FROM full_kinds)
 
 -- name: lease_claim_kinds from lease_claim
 -- kinds: kind = ANY($2::text[])
+-- room: (SELECT count(*) FROM full_kinds) < cardinality($2::text[])
 
 -- name: lease_claim_any from lease_claim
 -- $2 is NULL, so that all three take the same arguments.
 -- kinds: $2::text[] IS NULL
+-- room: TRUE
+
+-- name: lease_claim_lock
+-- Claims of limited kinds, and of kinds whose provider has a bucket, take turns: each takes
+-- these transaction locks (one per kind and per provider, in name order so that two claims
+-- never wait on each other crosswise) before its claim statement, which then counts what
+-- every earlier claim committed. $1: the names, e.g. {kind:browser, provider:stripe}.
+SELECT count(pg_advisory_xact_lock(1179010627, hashtext(name)))
+  FROM (SELECT DISTINCT name FROM unnest($1::text[]) AS name ORDER BY name) AS ordered;
+
+-- name: lease_declare_work_classes
+-- The limits of the work classes a queue declared; the last declaration wins.
+INSERT INTO fencegate_work_classes (kind, max_running, max_running_per_key, provider)
+SELECT * FROM unnest($1::text[], $2::int[], $3::int[], $4::text[])
+ON CONFLICT (kind) DO UPDATE
+   SET max_running = excluded.max_running, max_running_per_key = excluded.max_running_per_key,
+       provider = excluded.provider, updated_at = now()
+ WHERE (fencegate_work_classes.max_running, fencegate_work_classes.max_running_per_key,
+        fencegate_work_classes.provider)
+       IS DISTINCT FROM (excluded.max_running, excluded.max_running_per_key, excluded.provider);
+
+-- name: lease_declare_rate_limits
+-- A bucket starts full; declaring it again with another rate keeps the tokens it has (up to
+-- the new capacity).
+INSERT INTO fencegate_rate_limits (provider, capacity, per_seconds, tokens)
+SELECT provider, capacity, per_seconds, capacity
+  FROM unnest($1::text[], $2::float8[], $3::float8[]) AS t(provider, capacity, per_seconds)
+ON CONFLICT (provider) DO UPDATE
+   SET capacity = excluded.capacity, per_seconds = excluded.per_seconds,
+       tokens = least(fencegate_rate_limits.tokens, excluded.capacity)
+ WHERE (fencegate_rate_limits.capacity, fencegate_rate_limits.per_seconds)
+       IS DISTINCT FROM (excluded.capacity, excluded.per_seconds);
 
 -- name: lease_extend_many
 -- j.id = ANY($1) lets the planner use the primary key before joining the unnest.
@@ -271,14 +394,14 @@ SELECT (SELECT count(*) FROM target) AS found, (SELECT count(*) FROM retried) AS
 SELECT id, kind, state, owner_id, lease_until, fencing_token, heartbeat_at, attempt,
        max_attempts, run_after, idempotency_key, payload, result, error, lease_seconds,
        heartbeat_seconds, jitter_seconds, stage_timeout_seconds, created_at, updated_at,
-       tool_timeout_seconds
+       tool_timeout_seconds, priority, concurrency_key, model
   FROM fencegate_jobs WHERE id = $1;
 
 -- name: lease_list_jobs
 SELECT id, kind, state, owner_id, lease_until, fencing_token, heartbeat_at, attempt,
        max_attempts, run_after, idempotency_key, payload, result, error, lease_seconds,
        heartbeat_seconds, jitter_seconds, stage_timeout_seconds, created_at, updated_at,
-       tool_timeout_seconds
+       tool_timeout_seconds, priority, concurrency_key, model
   FROM fencegate_jobs
  WHERE ($1::text IS NULL OR state = $1) AND ($2::text IS NULL OR kind = $2)
    AND ($4::bigint IS NULL OR id < $4)  -- the page after the one that ended at id $4

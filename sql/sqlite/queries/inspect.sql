@@ -44,6 +44,7 @@ FROM fencegate_fences WHERE (?1 IS NULL OR tenant = ?1) AND entity = ?2;
 
 -- name: jobs
 SELECT id, kind, state, owner_id, fencing_token, attempt, max_attempts, idempotency_key,
+    priority, concurrency_key,
     lease_until, heartbeat_at, run_after, created_at, updated_at, error IS NOT NULL AS has_error
 FROM fencegate_jobs
 WHERE (?1 IS NULL OR state = ?1) AND (?2 IS NULL OR kind = ?2) AND (?3 IS NULL OR id < ?3)
@@ -132,3 +133,56 @@ SELECT kind,
      WHERE a.outcome = 'lease_expired'
         AND a.job_id IN (SELECT id FROM fencegate_jobs k WHERE k.kind = j.kind)) AS reclaimed
 FROM fencegate_jobs j GROUP BY kind ORDER BY kind;
+
+-- name: scheduling_limits
+-- See sql/postgres/queries/inspect.sql.
+WITH clock AS (SELECT (julianday('now') - 2440587.5) * 86400.0 AS now),
+live AS (
+    SELECT kind, concurrency_key FROM fencegate_jobs, clock
+     WHERE state = 'running' AND lease_until > clock.now
+),
+ready AS (
+    SELECT kind, concurrency_key FROM fencegate_jobs, clock
+     WHERE state = 'queued' AND run_after <= clock.now
+),
+kinds AS (
+    SELECT w.*, (SELECT count(*) FROM live WHERE live.kind = w.kind) AS running,
+           (SELECT count(*) FROM ready WHERE ready.kind = w.kind) AS ready
+      FROM fencegate_work_classes AS w
+),
+buckets AS (
+    SELECT r.provider, r.capacity, r.per_seconds,
+           min(r.capacity, r.tokens + r.capacity / r.per_seconds
+               * max(clock.now - r.refilled_at, 0)) AS tokens
+      FROM fencegate_rate_limits AS r, clock
+)
+SELECT 'max_running' AS rule, kind AS subject, CAST(max_running AS TEXT) AS "limit",
+       running, CASE WHEN running >= max_running THEN ready ELSE 0 END AS waiting,
+       NULL AS detail
+  FROM kinds WHERE max_running IS NOT NULL
+UNION ALL
+SELECT 'max_running_per_key', k.kind, k.max_running_per_key || ' per key',
+       (SELECT count(*) FROM live WHERE live.kind = k.kind AND live.concurrency_key IS NOT NULL),
+       (SELECT count(*) FROM ready
+         WHERE ready.kind = k.kind AND ready.concurrency_key IN (
+               SELECT concurrency_key FROM live WHERE live.kind = k.kind
+                GROUP BY concurrency_key HAVING count(*) >= k.max_running_per_key)),
+       NULL
+  FROM kinds AS k WHERE k.max_running_per_key IS NOT NULL
+UNION ALL
+SELECT 'rate', b.provider,
+       -- Numbers as PostgreSQL prints a double precision: 25, 0.5, 31536000.
+       CASE WHEN b.capacity = CAST(b.capacity AS INTEGER)
+            THEN CAST(CAST(b.capacity AS INTEGER) AS TEXT) ELSE printf('%g', b.capacity) END
+       || ' per ' ||
+       CASE WHEN b.per_seconds = CAST(b.per_seconds AS INTEGER)
+            THEN CAST(CAST(b.per_seconds AS INTEGER) AS TEXT) ELSE printf('%g', b.per_seconds) END
+       || 's',
+       (SELECT count(*) FROM live JOIN fencegate_work_classes AS w ON w.kind = live.kind
+         WHERE w.provider = b.provider),
+       CASE WHEN b.tokens >= 1 THEN 0
+            ELSE (SELECT count(*) FROM ready JOIN fencegate_work_classes AS w
+                    ON w.kind = ready.kind WHERE w.provider = b.provider) END,
+       CAST(CAST(b.tokens AS INTEGER) AS TEXT) || ' tokens'
+  FROM buckets AS b
+ ORDER BY subject, rule;

@@ -17,10 +17,10 @@ SELECT 1;
 -- Nothing comes back for a key that exists already: the driver then reads its id.
 INSERT INTO fencegate_jobs (kind, payload, idempotency_key, max_attempts, lease_seconds,
     heartbeat_seconds, jitter_seconds, stage_timeout_seconds, tool_timeout_seconds, run_after,
-    created_at, updated_at)
+    created_at, updated_at, priority, concurrency_key, model)
 VALUES (:kind, :payload, :idempotency_key, :max_attempts, :lease_seconds, :heartbeat_seconds,
     :jitter_seconds, :stage_timeout_seconds, :tool_timeout_seconds, :now + :run_after_seconds,
-    :now, :now)
+    :now, :now, :priority, :concurrency_key, :model)
 ON CONFLICT (idempotency_key) DO NOTHING
 RETURNING id;
 
@@ -51,14 +51,20 @@ RETURNING fencing_token, error;
 -- kinds: :kinds IS NULL
 
 -- template: lease_claimable_expired
--- Expired leases are taken first: they have waited longest (ties in id order).
-SELECT id, state, fencing_token, attempt, max_attempts,
+-- Within a priority expired leases are taken first: they have waited longest (ties in id
+-- order). Kinds and keys already full (:full_kinds, :full_keys: JSON arrays, the keys as
+-- [kind, key] pairs) are skipped by the scan itself.
+SELECT id, kind, concurrency_key, priority, state, fencing_token, attempt, max_attempts,
        json_quote('lease expired on attempt ' || attempt || ' of ' || max_attempts)
-           AS expiry_error
+           AS expiry_error, 0 AS pass, lease_until AS expired_at
   FROM fencegate_jobs
  WHERE state = 'running' AND lease_until < :now AND attempt < max_attempts
    AND /* TEMPLATE: kinds */
- ORDER BY lease_until, id
+   AND kind NOT IN (SELECT value FROM json_each(:full_kinds))
+   AND NOT EXISTS (SELECT 1 FROM json_each(:full_keys) AS f
+                    WHERE json_extract(f.value, '$[0]') = kind
+                      AND json_extract(f.value, '$[1]') = concurrency_key)
+ ORDER BY priority DESC, lease_until, id
  LIMIT :limit;
 
 -- name: lease_claimable_expired_one_kind from lease_claimable_expired
@@ -71,10 +77,15 @@ SELECT id, state, fencing_token, attempt, max_attempts,
 -- kinds: :kinds IS NULL
 
 -- template: lease_claimable_queued
-SELECT id, state, fencing_token, attempt, max_attempts, NULL AS expiry_error
+SELECT id, kind, concurrency_key, priority, state, fencing_token, attempt, max_attempts,
+       NULL AS expiry_error, 1 AS pass, NULL AS expired_at
   FROM fencegate_jobs /* TEMPLATE: index */
  WHERE state = 'queued' AND run_after <= :now AND /* TEMPLATE: kinds */
- ORDER BY id
+   AND kind NOT IN (SELECT value FROM json_each(:full_kinds))
+   AND NOT EXISTS (SELECT 1 FROM json_each(:full_keys) AS f
+                    WHERE json_extract(f.value, '$[0]') = kind
+                      AND json_extract(f.value, '$[1]') = concurrency_key)
+ ORDER BY priority DESC, id
  LIMIT :limit;
 
 -- name: lease_claimable_queued_one_kind from lease_claimable_queued
@@ -104,7 +115,7 @@ UPDATE fencegate_jobs
  WHERE id = :id
 RETURNING id, kind, owner_id, fencing_token, lease_until, lease_seconds, heartbeat_seconds,
           attempt, max_attempts, payload, idempotency_key, stage_timeout_seconds,
-          tool_timeout_seconds;
+          tool_timeout_seconds, priority, concurrency_key, model;
 
 -- name: lease_open_attempt
 INSERT INTO fencegate_job_attempts (fencing_token, job_id, attempt, owner_id, claimed_at)
@@ -170,14 +181,14 @@ UPDATE fencegate_jobs
 SELECT id, kind, state, owner_id, lease_until, fencing_token, heartbeat_at, attempt,
        max_attempts, run_after, idempotency_key, payload, result, error, lease_seconds,
        heartbeat_seconds, jitter_seconds, stage_timeout_seconds, created_at, updated_at,
-       tool_timeout_seconds
+       tool_timeout_seconds, priority, concurrency_key, model
   FROM fencegate_jobs WHERE id = ?1;
 
 -- name: lease_list_jobs
 SELECT id, kind, state, owner_id, lease_until, fencing_token, heartbeat_at, attempt,
        max_attempts, run_after, idempotency_key, payload, result, error, lease_seconds,
        heartbeat_seconds, jitter_seconds, stage_timeout_seconds, created_at, updated_at,
-       tool_timeout_seconds
+       tool_timeout_seconds, priority, concurrency_key, model
   FROM fencegate_jobs
  WHERE (?1 IS NULL OR state = ?1) AND (?2 IS NULL OR kind = ?2)
    AND (?4 IS NULL OR id < ?4)  -- the page after the one that ended at job ?4
@@ -229,3 +240,44 @@ SELECT 1
 -- name: lease_ready_any from lease_ready
 -- index: INDEXED BY fencegate_jobs_queued_any
 -- kinds: :kinds IS NULL
+
+-- name: lease_limits
+-- The limits in force for the kinds claimed (see PostgreSQL's lease_claim for the rules).
+SELECT kind, max_running, max_running_per_key, provider
+  FROM fencegate_work_classes
+ WHERE (max_running IS NOT NULL OR max_running_per_key IS NOT NULL
+        OR provider IN (SELECT provider FROM fencegate_rate_limits))
+   AND (:kinds IS NULL OR kind IN (SELECT value FROM json_each(:kinds)));
+
+-- name: lease_live
+-- Jobs holding a live lease, per kind and key, of the limited kinds (:limited, a JSON array).
+SELECT kind, concurrency_key, count(*) AS n
+  FROM fencegate_jobs
+ WHERE state = 'running' AND lease_until >= :now
+   AND kind IN (SELECT value FROM json_each(:limited))
+ GROUP BY kind, concurrency_key;
+
+-- name: lease_buckets
+SELECT provider, capacity, per_seconds, tokens, refilled_at
+  FROM fencegate_rate_limits
+ WHERE provider IN (SELECT value FROM json_each(:providers));
+
+-- name: lease_spend_tokens
+UPDATE fencegate_rate_limits SET tokens = :tokens, refilled_at = :at WHERE provider = :provider;
+
+-- name: lease_declare_work_class
+INSERT INTO fencegate_work_classes (kind, max_running, max_running_per_key, provider, updated_at)
+VALUES (:kind, :max_running, :max_running_per_key, :provider, :now)
+ON CONFLICT (kind) DO UPDATE
+   SET max_running = excluded.max_running, max_running_per_key = excluded.max_running_per_key,
+       provider = excluded.provider, updated_at = excluded.updated_at
+ WHERE (max_running, max_running_per_key, provider)
+       IS NOT (excluded.max_running, excluded.max_running_per_key, excluded.provider);
+
+-- name: lease_declare_rate_limit
+INSERT INTO fencegate_rate_limits (provider, capacity, per_seconds, tokens, refilled_at)
+VALUES (:provider, :capacity, :per_seconds, :capacity, :now)
+ON CONFLICT (provider) DO UPDATE
+   SET capacity = excluded.capacity, per_seconds = excluded.per_seconds,
+       tokens = min(tokens, excluded.capacity)
+ WHERE (capacity, per_seconds) IS NOT (excluded.capacity, excluded.per_seconds);

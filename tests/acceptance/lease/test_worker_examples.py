@@ -31,6 +31,16 @@ def run_example(tmp_path: Path, *args: str) -> str:
         ("gateway_legacy_api.py", ["-> 201 T-1 (replayed)", "412 stale-fence", "created: 1"]),
         ("middleware_starlette.py", ["(replayed)", "-> 412", "captures executed: 1"]),
         ("worker_httpx.py", ["jobs: ['succeeded', 'succeeded', 'succeeded']"]),
+        (
+            "worker_scheduling.py",
+            [
+                "browse: at most 2 at once",
+                "first to run: the user's request",
+                "create_case: at most 1 per customer at once, 2 at once in all",
+                "charge: 15 charges over",
+                "jobs: ['succeeded']",
+            ],
+        ),
     ],
 )
 def test_example_runs(tmp_path: Path, script: str, expected: list[str]) -> None:

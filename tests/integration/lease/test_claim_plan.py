@@ -75,8 +75,14 @@ async def _seed_postgres(url: str) -> None:
             SELECT fencing_token, id, attempt, owner_id FROM fencegate_jobs
              WHERE fencing_token IS NOT NULL;
             SELECT setval('fencegate_fencing_tokens', {FINISHED + EXPIRED});
+            INSERT INTO fencegate_work_classes (kind, max_running, max_running_per_key, provider)
+            VALUES ('k', 1000, 100, 'p');
+            INSERT INTO fencegate_rate_limits (provider, capacity, per_seconds, tokens)
+            VALUES ('p', 1000, 1, 1000);
             ANALYZE fencegate_jobs;
             ANALYZE fencegate_job_attempts;
+            ANALYZE fencegate_work_classes;
+            ANALYZE fencegate_rate_limits;
             """  # noqa: S608 (constants of this module)
         )
     finally:
@@ -174,8 +180,15 @@ def test_sqlite_claims_from_indexes_only(
 ) -> None:
     sql = queries("sqlite")[f"{statement}_{variant}"]
     args = {"now": 1e10, "kinds": SQLITE_KINDS[variant], "limit": LIMIT}
+    args |= {"full_kinds": "[]", "full_keys": "[]"}
     steps = [row[3] for row in seeded_sqlite.execute(f"EXPLAIN QUERY PLAN {sql}", args)]
     # "SCAN fencegate_jobs" alone reads the whole table (finished jobs too); a temporary
-    # B-tree for ORDER BY sorts every match before the LIMIT.
-    whole = [s for s in steps if s == "SCAN fencegate_jobs" or "TEMP B-TREE FOR ORDER BY" in s]
+    # B-tree for ORDER BY sorts every match before the LIMIT, which only the running jobs
+    # (as many as the fleet runs at once, not the backlog) may cost.
+    running = any("fencegate_jobs_running" in s for s in steps)
+    whole = [
+        s
+        for s in steps
+        if s == "SCAN fencegate_jobs" or ("TEMP B-TREE FOR ORDER BY" in s and not running)
+    ]
     assert not whole, f"{statement}_{variant} reads in proportion to the table: {steps}"

@@ -81,3 +81,28 @@ def test_backoff_stays_within_half_step_and_cap(
     delay = backoff_seconds(attempt, base=base, cap=cap, rng=random.Random(seed))
     step = min(cap, base * 2.0 ** min(attempt - 1, 64))
     assert step / 2 <= delay <= step <= cap
+
+
+@pytest.mark.parametrize(
+    ("options", "error"),
+    [
+        ({"max_running": 0}, "max_running 0 must be a whole number of at least 1"),
+        ({"max_running_per_key": 1.5}, "max_running_per_key 1.5 must be a whole number"),
+        ({"provider": "Stripe Inc"}, "provider 'Stripe Inc' must match"),
+        ({"model": "gpt 4o"}, "model 'gpt 4o' must match"),
+        ({"models": ("ok", "not ok")}, "models 'not ok' must match"),
+    ],
+)
+def test_scheduling_options_are_checked(options: dict[str, object], error: str) -> None:
+    with pytest.raises(ValueError, match=error):
+        WorkClass(kind="k", **options)  # type: ignore[arg-type]
+
+
+def test_a_rate_limit_is_checked() -> None:
+    from fencegate.lease import RateLimit
+
+    assert RateLimit("stripe", 25).per_seconds == 1.0
+    with pytest.raises(ValueError, match="at least 1"):
+        RateLimit("stripe", 0)
+    with pytest.raises(ValueError, match="positive"):
+        RateLimit("stripe", 5, per_seconds=0)
