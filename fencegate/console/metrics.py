@@ -1,5 +1,6 @@
-"""``GET /metrics`` on the console: the queue's ownership gauges by work class, read from the
-queue itself when scraped, so the console's overview and a Prometheus see the same numbers.
+"""``GET /metrics`` on the console: the queue's ownership gauges by work class, provider and
+model, read from the queue itself when scraped, so the console's overview and a Prometheus
+see the same numbers.
 
 A worker process's own metrics (fencegate.lease.metrics) describe the leases it holds; these
 describe every lease in the store, whoever holds it, including the ones whose holder died.
@@ -40,10 +41,11 @@ class _Snapshot(Collector):
     def collect(self) -> list[GaugeMetricFamily]:
         families = []
         for name, text, column in _GAUGES:
-            family = GaugeMetricFamily(name, text, labels=["kind"])
+            family = GaugeMetricFamily(name, text, labels=["kind", "provider", "model"])
             for row in self.rows:
                 if row[column] is not None:
-                    family.add_metric([str(row["kind"])], float(row[column]))
+                    labels = [str(row["kind"]), str(row["provider"]), str(row["model"])]
+                    family.add_metric(labels, float(row[column]))
             families.append(family)
         return families
 

@@ -314,15 +314,17 @@ class HeartbeatController:
 
     def _about(self, execution: Execution, kind: str) -> dict[str, Any]:
         """The fields every event of one execution carries."""
-        return {
+        _, provider, model = self.metrics.labels_of(execution.lease)
+        about = {
             "job": str(execution.job_id),
             "kind": kind,
             "token": execution.fencing_token,
             "worker": self.worker_id,
         }
+        return about | {k: v for k, v in (("provider", provider), ("model", model)) if v}
 
     def _failed(self, execution: Execution, kind: str, exc: BaseException, failures: int) -> None:
-        self.metrics.failed_renewals.labels(kind).inc()
+        self.metrics.failed_renewals.labels(*self.metrics.labels_of(execution.lease)).inc()
         common = self._about(execution, kind)
         self.events.emit(
             "heartbeat_failed",
@@ -368,6 +370,6 @@ class HeartbeatController:
     ) -> None:
         if not execution.mark_lost(reason):
             return
-        self.metrics.expired_leases.labels(kind).inc()
+        self.metrics.expired_leases.labels(*self.metrics.labels_of(execution.lease)).inc()
         self.events.emit("heartbeat_lost", **self._about(execution, kind), reason=reason, **details)
         cancel()

@@ -56,8 +56,11 @@ class JobContext:
         session: Callable[[], aiohttp.ClientSession] | None = None,
         store_timeout: float = 10.0,
         http_timeout: float = 30.0,
+        labels: tuple[str, str, str] | None = None,
     ) -> None:
         self.execution = execution
+        # (kind, provider, model): the provider and model go on every event ("" left out).
+        self.labels = labels or (execution.lease.kind, "", "")
         self.queue = queue
         self.events = events
         self.worker_id = worker_id
@@ -116,6 +119,8 @@ class JobContext:
             event,
             job=str(self.id),
             kind=self.kind,
+            provider=self.labels[1] or None,
+            model=self.labels[2] or None,
             token=self.fencing_token,
             worker=self.worker_id,
             **fields,

@@ -212,6 +212,7 @@ class Worker:
             self._owns_queue = True
         else:
             self.queue = cast("LeaseQueue", self._queue_arg)
+        self.metrics.declare(self.work_classes)
         for work_class in self.work_classes:
             self.queue.declare(work_class)
         for rate_limit in self.rate_limits:
@@ -416,8 +417,8 @@ class Worker:
         with lease_spans.attempt_span(execution.lease, worker_id=self.worker_id):
             await self._attempt(execution)
 
-    def _outcome(self, kind: str, outcome: str) -> None:
-        self.metrics.outcomes.labels(kind, outcome).inc()
+    def _outcome(self, lease: Lease, outcome: str) -> None:
+        self.metrics.outcome(lease, outcome)
         if tracing.TRACER is not None:
             lease_spans.record_outcome(outcome)
 
@@ -426,6 +427,7 @@ class Worker:
         lease = execution.lease
         kind = lease.kind
         margin = self.margin_for(lease)
+        labels = self.metrics.labels_of(lease)  # (kind, provider, model)
         job = JobContext(
             execution,
             queue=self.queue,
@@ -436,6 +438,7 @@ class Worker:
             session=self._http_session,
             store_timeout=self.store_timeout,
             http_timeout=self.http_timeout,
+            labels=labels,
         )
         job.emit(
             "job_claimed",
@@ -446,8 +449,8 @@ class Worker:
             payload_sha256=digest(lease.payload),
         )
         if lease.attempt > 1:
-            self.metrics.reclaimed_jobs.labels(kind).inc()
-        self.metrics.live.add(kind, execution)
+            self.metrics.reclaimed_jobs.labels(*labels).inc()
+        self.metrics.live.add(labels, execution)
         loop = asyncio.get_running_loop()
         tool: list[asyncio.Task[Any]] = []
 
@@ -483,7 +486,7 @@ class Worker:
         execution = job.execution
         if not released:
             job.emit("result_rejected", reason=execution.lost_reason, duration_seconds=0.0)
-            self._outcome(job.kind, "rejected")
+            self._outcome(job.lease, "rejected")
             return
         given_back = await self._conditional(
             execution,
@@ -491,7 +494,7 @@ class Worker:
             landed_as=_RELEASED,
         )
         job.emit("job_released", released=bool(given_back), duration_seconds=0.0)
-        self._outcome(job.kind, "released")
+        self._outcome(job.lease, "released")
 
     async def _run_tool_and_settle(self, job: JobContext, tool: list[asyncio.Task[Any]]) -> None:
         assert self._controller is not None
@@ -520,7 +523,6 @@ class Worker:
         self, job: JobContext, tool_task: asyncio.Task[Any], *, timed_out: bool, duration: float
     ) -> None:
         execution = job.execution
-        kind = job.kind
         duration = round(duration, 3)
         result: Any = None
         error: BaseException | None = None
@@ -540,7 +542,7 @@ class Worker:
                 error=type(error).__name__ if error is not None else None,
                 duration_seconds=duration,
             )
-            self._outcome(kind, "rejected")
+            self._outcome(job.lease, "rejected")
             return
         if timed_out:
             job.emit(
@@ -557,7 +559,7 @@ class Worker:
                 landed_as=_RELEASED,
             )
             job.emit("job_released", released=bool(released), duration_seconds=duration)
-            self._outcome(kind, "released")
+            self._outcome(job.lease, "released")
             return
         if error is None:
             try:
@@ -593,7 +595,7 @@ class Worker:
         )
         if committed:
             job.emit("result_committed", result_sha256=digest(result), duration_seconds=duration)
-            self._outcome(job.kind, "succeeded")
+            self._outcome(job.lease, "succeeded")
             return
         job.emit(
             "result_rejected",
@@ -601,7 +603,7 @@ class Worker:
             result_sha256=digest(result),
             duration_seconds=duration,
         )
-        self._outcome(job.kind, "rejected")
+        self._outcome(job.lease, "rejected")
 
     async def _fail(
         self, job: JobContext, error: BaseException, *, code: str, permanent: bool = False
@@ -619,7 +621,7 @@ class Worker:
                 reason="ownership_unknown" if accepted is None else "zero_rows",
                 error=code,
             )
-            self._outcome(job.kind, "rejected")
+            self._outcome(job.lease, "rejected")
             return
         # Known here without asking the store (a later read could already see what the next
         # owner did with the retry): the same rule the queue applied to this call.
@@ -631,13 +633,13 @@ class Worker:
                 attempt=job.attempt,
                 max_attempts=job.lease.max_attempts,
             )
-            self._outcome(job.kind, "failed")
+            self._outcome(job.lease, "failed")
             return
         run_after = None
         with contextlib.suppress(Exception):
             run_after = (await self._q().get(job.id, timeout=self.store_timeout)).run_after
         job.emit("retry_scheduled", error=code, attempt=job.attempt, run_after=run_after)
-        self._outcome(job.kind, "retry")
+        self._outcome(job.lease, "retry")
 
     async def _conditional(
         self,

@@ -57,6 +57,8 @@ async def gauges(url: str) -> dict[tuple[str, str], float]:
     values: dict[tuple[str, str], float] = {}
     for family in text_string_to_metric_families(answer.text):
         for sample in family.samples:
+            # By work class, provider and model (none declared here: "").
+            assert (sample.labels["provider"], sample.labels["model"]) == ("", "")
             values[(sample.name, sample.labels["kind"])] = sample.value
     return values
 

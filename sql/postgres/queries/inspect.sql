@@ -142,9 +142,11 @@ SELECT payload::text AS payload, result::text AS result, error::text AS error
 FROM fencegate_jobs WHERE id = $1;
 
 -- name: ownership_by_kind
--- The seed's ownership gauges, by work class, read from the queue itself: the console and a
--- Prometheus scrape see the same numbers.
-SELECT kind,
+-- The seed's ownership gauges, by work class, provider (the work class's) and model (the
+-- job's), read from the queue itself: the console and a Prometheus scrape see the same numbers.
+SELECT kind, COALESCE((SELECT w.provider FROM fencegate_work_classes AS w
+                        WHERE w.kind = j.kind), '') AS provider,
+    COALESCE(model, '') AS model,
     count(*) FILTER (WHERE state = 'queued')::bigint AS queued,
     count(*) FILTER (WHERE state = 'running')::bigint AS running,
     count(*) FILTER (WHERE state = 'running' AND lease_until <= now())::bigint AS expired,
@@ -154,9 +156,10 @@ SELECT kind,
         WHERE state = 'running')::float8 AS heartbeat_age_max,
     (SELECT count(*) FROM fencegate_job_attempts a
      WHERE a.outcome = 'lease_expired'
-        AND a.job_id IN (SELECT id FROM fencegate_jobs k WHERE k.kind = j.kind))::bigint
+        AND a.job_id IN (SELECT id FROM fencegate_jobs k WHERE k.kind = j.kind
+                                                      AND k.model IS NOT DISTINCT FROM j.model))::bigint
         AS reclaimed
-FROM fencegate_jobs j GROUP BY kind ORDER BY kind;
+FROM fencegate_jobs j GROUP BY kind, model ORDER BY kind, model;
 
 -- name: scheduling_limits
 -- Each limit in force (sql/postgres/007_scheduling.sql): how many jobs run under it (a live

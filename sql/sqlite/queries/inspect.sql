@@ -119,7 +119,9 @@ ORDER BY id DESC LIMIT ?2;
 SELECT payload, result, error FROM fencegate_jobs WHERE id = ?1;
 
 -- name: ownership_by_kind
-SELECT kind,
+SELECT kind, COALESCE((SELECT w.provider FROM fencegate_work_classes AS w
+                        WHERE w.kind = j.kind), '') AS provider,
+    COALESCE(model, '') AS model,
     count(*) FILTER (WHERE state = 'queued') AS queued,
     count(*) FILTER (WHERE state = 'running') AS running,
     count(*) FILTER (WHERE state = 'running'
@@ -131,8 +133,9 @@ SELECT kind,
         WHERE state = 'running') AS heartbeat_age_max,
     (SELECT count(*) FROM fencegate_job_attempts a
      WHERE a.outcome = 'lease_expired'
-        AND a.job_id IN (SELECT id FROM fencegate_jobs k WHERE k.kind = j.kind)) AS reclaimed
-FROM fencegate_jobs j GROUP BY kind ORDER BY kind;
+        AND a.job_id IN (SELECT id FROM fencegate_jobs k WHERE k.kind = j.kind
+                                                      AND k.model IS j.model)) AS reclaimed
+FROM fencegate_jobs j GROUP BY kind, model ORDER BY kind, model;
 
 -- name: scheduling_limits
 -- See sql/postgres/queries/inspect.sql.
