@@ -67,7 +67,9 @@ async def test_limits_per_kind_and_per_key_hold_across_processes(
                 {
                     "kind": "work",
                     "payload": {"seconds": 0.25},
-                    "concurrency_key": f"customer:{n % 5}",
+                    # Each customer's six jobs queued together: only the limit per key keeps
+                    # them from running side by side.
+                    "concurrency_key": f"customer:{n // 6}",
                     **SHORT,
                 }
                 for n in range(30)
