@@ -510,6 +510,9 @@ CREATE TABLE fencegate_jobs (
     tool_timeout_seconds double precision,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    priority integer DEFAULT 0 NOT NULL,
+    concurrency_key text,
+    model text,
     CONSTRAINT fencegate_jobs_check CHECK (((state <> 'running'::text) OR ((owner_id IS NOT NULL) AND (lease_until IS NOT NULL) AND (fencing_token IS NOT NULL)))),
     CONSTRAINT fencegate_jobs_heartbeat_seconds_check CHECK ((heartbeat_seconds > (0)::double precision)),
     CONSTRAINT fencegate_jobs_jitter_seconds_check CHECK ((jitter_seconds >= (0)::double precision)),
@@ -530,12 +533,36 @@ ALTER TABLE fencegate_jobs ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
     CACHE 1
 );
 
+-- Name: fencegate_rate_limits; Type: TABLE
+
+CREATE TABLE fencegate_rate_limits (
+    provider text NOT NULL,
+    capacity double precision NOT NULL,
+    per_seconds double precision NOT NULL,
+    tokens double precision NOT NULL,
+    refilled_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    CONSTRAINT fencegate_rate_limits_capacity_check CHECK ((capacity >= (1)::double precision)),
+    CONSTRAINT fencegate_rate_limits_per_seconds_check CHECK ((per_seconds > (0)::double precision))
+);
+
 -- Name: fencegate_signature_nonces; Type: TABLE
 
 CREATE TABLE fencegate_signature_nonces (
     key_id text NOT NULL,
     nonce text NOT NULL,
     expires_at timestamp with time zone NOT NULL
+);
+
+-- Name: fencegate_work_classes; Type: TABLE
+
+CREATE TABLE fencegate_work_classes (
+    kind text NOT NULL,
+    max_running integer,
+    max_running_per_key integer,
+    provider text,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT fencegate_work_classes_max_running_check CHECK ((max_running >= 1)),
+    CONSTRAINT fencegate_work_classes_max_running_per_key_check CHECK ((max_running_per_key >= 1))
 );
 
 -- Name: fencegate_audit fencegate_audit_pkey; Type: CONSTRAINT
@@ -567,6 +594,16 @@ ALTER TABLE ONLY fencegate_jobs
 
 ALTER TABLE ONLY fencegate_jobs
     ADD CONSTRAINT fencegate_jobs_pkey PRIMARY KEY (id);
+
+-- Name: fencegate_rate_limits fencegate_rate_limits_pkey; Type: CONSTRAINT
+
+ALTER TABLE ONLY fencegate_rate_limits
+    ADD CONSTRAINT fencegate_rate_limits_pkey PRIMARY KEY (provider);
+
+-- Name: fencegate_work_classes fencegate_work_classes_pkey; Type: CONSTRAINT
+
+ALTER TABLE ONLY fencegate_work_classes
+    ADD CONSTRAINT fencegate_work_classes_pkey PRIMARY KEY (kind);
 
 -- Name: fencegate_fences fences_pkey; Type: CONSTRAINT
 
@@ -601,11 +638,11 @@ CREATE INDEX fencegate_job_attempts_job ON fencegate_job_attempts USING btree (j
 
 -- Name: fencegate_jobs_queued; Type: INDEX
 
-CREATE INDEX fencegate_jobs_queued ON fencegate_jobs USING btree (kind, id) WHERE (state = 'queued'::text);
+CREATE INDEX fencegate_jobs_queued ON fencegate_jobs USING btree (kind, priority DESC, id) WHERE (state = 'queued'::text);
 
 -- Name: fencegate_jobs_queued_any; Type: INDEX
 
-CREATE INDEX fencegate_jobs_queued_any ON fencegate_jobs USING btree (id) WHERE (state = 'queued'::text);
+CREATE INDEX fencegate_jobs_queued_any ON fencegate_jobs USING btree (priority DESC, id) WHERE (state = 'queued'::text);
 
 -- Name: fencegate_jobs_running; Type: INDEX
 

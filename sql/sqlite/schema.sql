@@ -66,16 +66,12 @@ CREATE TABLE fencegate_jobs (
     stage_timeout_seconds REAL,
     tool_timeout_seconds  REAL,
     created_at            REAL NOT NULL,
-    updated_at            REAL NOT NULL,
+    updated_at            REAL NOT NULL, priority INTEGER NOT NULL DEFAULT 0, concurrency_key TEXT, model TEXT,
     CHECK (state <> 'running' OR (owner_id IS NOT NULL AND lease_until IS NOT NULL
                                   AND fencing_token IS NOT NULL))
 );
 
-CREATE INDEX fencegate_jobs_queued ON fencegate_jobs (kind, id) WHERE state = 'queued';
-
 CREATE INDEX fencegate_jobs_running ON fencegate_jobs (lease_until) WHERE state = 'running';
-
-CREATE INDEX fencegate_jobs_queued_any ON fencegate_jobs (id) WHERE state = 'queued';
 
 CREATE TABLE fencegate_job_attempts (
     fencing_token INTEGER PRIMARY KEY,
@@ -141,4 +137,26 @@ CREATE TABLE fencegate_audit (
     reason   TEXT,
     before   TEXT,
     after    TEXT
+);
+
+CREATE INDEX fencegate_jobs_queued ON fencegate_jobs (kind, priority DESC, id)
+    WHERE state = 'queued';
+
+CREATE INDEX fencegate_jobs_queued_any ON fencegate_jobs (priority DESC, id)
+    WHERE state = 'queued';
+
+CREATE TABLE fencegate_work_classes (
+    kind                TEXT PRIMARY KEY,
+    max_running         INTEGER CHECK (max_running >= 1),
+    max_running_per_key INTEGER CHECK (max_running_per_key >= 1),
+    provider            TEXT,
+    updated_at          REAL NOT NULL
+);
+
+CREATE TABLE fencegate_rate_limits (
+    provider    TEXT PRIMARY KEY,
+    capacity    REAL NOT NULL CHECK (capacity >= 1),
+    per_seconds REAL NOT NULL CHECK (per_seconds > 0),
+    tokens      REAL NOT NULL,
+    refilled_at REAL NOT NULL
 );
