@@ -62,10 +62,20 @@ def client(base: str, *, retries: int = 3) -> stripe.StripeClient:
     )
 
 
-def decided(gateway: GatewayProcess, decision: str) -> int:
-    return len(
-        re.findall(rf"fencegate\.decisions: decision decision={decision} ", gateway.log_text())
-    )
+def decided(gateway: GatewayProcess, decision: str, expected: int) -> int:
+    """How many decision-log lines say ``decision``, once ``expected`` of them are there (or
+    the deadline passed): the log writes one event-loop turn's lines together, so a line can
+    reach the file just after its answer reached the client."""
+
+    def count() -> int:
+        pattern = rf"fencegate\.decisions: decision decision={decision} "
+        return len(re.findall(pattern, gateway.log_text()))
+
+    try:
+        wait_until_sync(lambda: count() >= expected, timeout=5, what=f"{expected} {decision}")
+    except AssertionError:
+        pass  # the caller's assertion says what was found instead
+    return count()
 
 
 def test_reused_key_raises_idempotency_error(
@@ -91,7 +101,7 @@ def test_reused_key_raises_idempotency_error(
     assert body_of(error)["error"]["doc_url"].endswith("/problems/key-reused")
     assert "different method, path, query or body" in str(error.user_message)
     assert payments.counts() == before
-    assert decided(gateway, "key_reused") == 1  # not retried
+    assert decided(gateway, "key_reused", 1) == 1  # not retried
 
 
 @pytest.mark.parametrize("mode", ["drop", "late"])
@@ -115,7 +125,7 @@ def test_outcome_unknown_says_what_happened_and_charges_once(
     assert body["type"] == "api_error" and body["reason"] == "upstream_timeout"
     message = str(error.user_message)
     assert "may have run upstream" in message and "fencegate keys resolve" in message
-    assert decided(gateway, "outcome_unknown") == 1
+    assert decided(gateway, "outcome_unknown", 1) == 1
 
 
 def test_in_flight_is_409_idempotency_error_and_the_sdk_gets_the_first_answer(
@@ -225,7 +235,7 @@ def test_store_unavailable_is_a_retried_api_error(
             assert error.headers["retry-after"] == "1"
             assert error.json_body is not None
             assert body_of(error)["error"]["type"] == "api_error"
-            assert decided(gateway, "store_unavailable") == 3  # the SDK retried twice
+            assert decided(gateway, "store_unavailable", 3) == 3  # the SDK retried twice
             assert payments.counts() == before  # nothing forwarded it could not record
             charge = client(gateway.url, retries=5).v1.charges.create(params=PARAMS)
             assert charge.object == "charge"
