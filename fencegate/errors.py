@@ -28,6 +28,13 @@ class StoreTimedOut(StoreUnavailable):
     """The store did not answer within the caller's timeout (which the message names)."""
 
 
+class StoreClosed(StoreUnavailable):
+    """This process closed its connection to the store: nothing more is sent, so nothing is
+    worth trying again (a write kept trying in the background stops)."""
+
+    reached_store = False
+
+
 class CommandError(FencegateError):
     """A user-facing failure of a ``fencegate`` command: printed as one clear line, exit
     status 2."""

@@ -130,7 +130,7 @@ class GatewayApplication:
         if self.engine is not None:
             # Answers the upstream gave that the store has not taken yet: keep trying within
             # the grace period before the connections go.
-            await self.engine.pending.drain(grace=self.config.settings.shutdown_grace_seconds)
+            await self.engine.close(grace=self.config.settings.shutdown_grace_seconds)
         if self._client is not None:
             await self._client.close()
         if self.store is not None:

@@ -256,6 +256,12 @@ class Engine:
             )
         )
 
+    async def close(self, *, grace: float = 0.0) -> int:
+        """Stop the engine's background writes (cancelled and awaited, so none outlives the
+        store it writes to), after up to ``grace`` seconds for the answers still owed;
+        returns how many were left, each logged for an operator to resolve."""
+        return await self.pending.drain(grace=grace)
+
     async def _look_up(self, tenant: str, key: str) -> KeyRecord | None:
         return await self.store.get_key(tenant, key, timeout=self.store_timeout)
 

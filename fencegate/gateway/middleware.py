@@ -166,7 +166,7 @@ class FencegateMiddleware:
     async def close(self, *, grace: float = 10.0) -> None:
         if self._pipeline is not None:
             # Answers the store has not taken yet: keep trying within the grace period.
-            await self._pipeline.engine.pending.drain(grace=grace)
+            await self._pipeline.engine.close(grace=grace)
         if self._owns_store and self._store is not None:
             await self._store.close()
             self._store = None

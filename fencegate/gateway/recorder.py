@@ -17,6 +17,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from fencegate.errors import StoreClosed
 from fencegate.store.base import KeyRecord, Reservation
 
 logger = logging.getLogger("fencegate.gateway")
@@ -90,6 +91,10 @@ class PendingWrites:
             tries += 1
             try:
                 landed = await owed.write()
+            except StoreClosed:
+                # Nobody will try again once this process let go of the store: say so.
+                self._left_behind(owed)
+                return
             except Exception as exc:
                 logger.debug("still cannot %s key %r: %s", owed.operation, r.key, exc)
                 continue
@@ -170,24 +175,28 @@ class PendingWrites:
         left = dict(self._tasks)
         for task, owed in left.items():
             task.cancel()
-            if owed.operation == ABANDON:
-                logger.warning(
-                    "stopping while key %r (tenant %r) may still be reserved by a decision "
-                    "refused with store-unavailable: if it is, it reads as an unknown "
-                    "outcome until resolved",
-                    owed.reservation.key,
-                    owed.reservation.tenant,
-                )
-                continue
-            logger.error(
-                "stopping before the store took %s of key %r (tenant %r, attempt %d): "
-                "it will read as an unknown outcome until resolved",
-                owed.operation,
-                owed.reservation.key,
-                owed.reservation.tenant,
-                owed.reservation.attempt,
-            )
+            self._left_behind(owed)
         for task in left:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         return sum(owed.operation != ABANDON for owed in left.values())
+
+    def _left_behind(self, owed: OwedWrite) -> None:
+        """Log a write this gateway stops trying, for an operator to resolve."""
+        if owed.operation == ABANDON:
+            logger.warning(
+                "stopping while key %r (tenant %r) may still be reserved by a decision "
+                "refused with store-unavailable: if it is, it reads as an unknown "
+                "outcome until resolved",
+                owed.reservation.key,
+                owed.reservation.tenant,
+            )
+            return
+        logger.error(
+            "stopping before the store took %s of key %r (tenant %r, attempt %d): "
+            "it will read as an unknown outcome until resolved",
+            owed.operation,
+            owed.reservation.key,
+            owed.reservation.tenant,
+            owed.reservation.attempt,
+        )

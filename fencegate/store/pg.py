@@ -17,7 +17,7 @@ from typing import Any, TypeVar, cast
 
 import asyncpg
 
-from fencegate.errors import StoreTimedOut, StoreUnavailable, unsent
+from fencegate.errors import StoreClosed, StoreTimedOut, StoreUnavailable, unsent
 from fencegate.store.dburl import POOL_MODE_OPTION, DatabaseURL
 from fencegate.store.replication import ReplicationGuard, ReplicationNotSynchronous
 
@@ -176,6 +176,7 @@ class PgDatabase:
         self._local = local_settings or LocalSettings({})
         # What the last new connection found about replication (None: not checked).
         self.replication = replication
+        self.closed = False
 
     @classmethod
     async def connect(
@@ -278,6 +279,8 @@ class PgDatabase:
         return conn
 
     async def run(self, fn: Callable[[asyncpg.Connection], Awaitable[T]], *, timeout: float) -> T:
+        if self.closed:
+            raise StoreClosed("the PostgreSQL pool is closed")
         deadline = time.monotonic() + timeout
         loop_deadline = asyncio.get_running_loop().time() + timeout
         try:
@@ -324,6 +327,7 @@ class PgDatabase:
         return int(str(status).rsplit(" ", 1)[-1])
 
     async def close(self) -> None:
+        self.closed = True
         try:
             await asyncio.wait_for(self.pool.close(), 5.0)
         except Exception:

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from fencegate.errors import FencegateError, StoreTimedOut, StoreUnavailable
+from fencegate.errors import FencegateError, StoreClosed, StoreTimedOut, StoreUnavailable
 
 T = TypeVar("T")
 
@@ -33,6 +33,7 @@ class SQLiteDatabase:
         self.busy_timeout = busy_timeout
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fencegate-sqlite")
         self._conn: sqlite3.Connection | None = None
+        self.closed = False
 
     def _connect(self) -> sqlite3.Connection:
         if self._conn is None:
@@ -67,6 +68,8 @@ class SQLiteDatabase:
         a locked or missing file, a missing table, a closed executor) is raised as
         `StoreUnavailable` (`StoreTimedOut` for the deadline): the store could not say yes or
         no."""
+        if self.closed:
+            raise StoreClosed(f"the SQLite store {self.path} is closed")
         # The connection's thread gives up a little before the caller does, and checks again
         # once it holds the write lock: work that waited for the lock past the caller's
         # patience is rolled back instead of done behind the caller's back.
@@ -114,6 +117,9 @@ class SQLiteDatabase:
             self._conn = None
 
     async def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._executor, self._close_now)
         self._executor.shutdown(wait=False)

@@ -127,11 +127,49 @@ async def test_unreachable_sqlite_store_is_503_and_nothing_is_forwarded(sqlite_u
         blocker.close()
         await asyncio.sleep(0)
     try:
+        await engine.close()  # the release kept trying for the refused decision stops
         engine = Engine(store, store_timeout=30)
         answer = await engine.handle(request(fence=3), RoutePolicy(), "default", upstream.forward)
         assert answer.status == 200
     finally:
+        await engine.close()
         await store.close()
+
+
+async def refused_with_a_release_kept_trying(sqlite_url: str) -> tuple[GatewayStore, Engine]:
+    """A store another process locks: the decision is refused (503) and the release of
+    whatever it may have reserved is kept trying in the background."""
+    store = await open_gateway_store(sqlite_url, run_migrations=False)
+    engine = Engine(store, store_timeout=0.5)
+    blocker = sqlite3.connect(urlsplit(sqlite_url).path[1:], timeout=1, isolation_level=None)
+    try:
+        blocker.execute("BEGIN EXCLUSIVE")
+        answer = await engine.handle(request(), RoutePolicy(), "default", Upstream().forward)
+        assert answer.status == 503
+        assert len(engine.pending) == 1
+    finally:
+        blocker.execute("ROLLBACK")
+        blocker.close()
+    return store, engine
+
+
+async def test_closing_the_engine_stops_its_background_writes(sqlite_url: str) -> None:
+    store, engine = await refused_with_a_release_kept_trying(sqlite_url)
+    tasks = list(getattr(engine.pending, "_tasks"))  # noqa: B009
+    try:
+        await engine.close()
+        assert tasks and all(task.done() for task in tasks)
+        assert len(engine.pending) == 0
+    finally:
+        await store.close()
+
+
+async def test_a_closed_store_stops_the_writes_kept_trying_for_it(sqlite_url: str) -> None:
+    # Without the engine closed first: the release stops at its next try, rather than
+    # retry against the closed store until the lease it watches runs out (30 s).
+    store, engine = await refused_with_a_release_kept_trying(sqlite_url)
+    await store.close()
+    await wait_until(lambda: len(engine.pending) == 0, timeout=10)
 
 
 @pytest.mark.timeout(120)
