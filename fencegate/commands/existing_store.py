@@ -9,11 +9,8 @@ what to do (``--database-url``, ``fencegate migrate``), and creates nothing.
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 
-import asyncpg
-
-from fencegate.errors import CommandError
+from fencegate.errors import CommandError, StoreUnavailable
 from fencegate.store.backends import applied_migrations_read_only, describe_store
 from fencegate.store.dburl import DatabaseURL, parse_database_url
 from fencegate.store.schema import SchemaMismatch, check_applied, redacted
@@ -38,18 +35,15 @@ def require_existing_store(url: str | None, *, timeout: float) -> None:
         raise CommandError(str(exc)) from None
     where = store_name(target)
     try:
-        applied = asyncio.run(
-            asyncio.wait_for(applied_migrations_read_only(target, timeout=timeout), timeout)
-        )
+        applied = asyncio.run(applied_migrations_read_only(target, timeout=timeout))
     except FileNotFoundError:
         raise CommandError(
             f"there is no store here: {where} does not exist (nothing was created); "
             f"{what_to_do(target)}"
         ) from None
-    except TimeoutError:
-        raise CommandError(f"{where} did not answer within {timeout:g}s") from None
-    except (OSError, sqlite3.Error, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-        raise CommandError(f"cannot read {where}: {type(exc).__name__}: {exc}") from None
+    except StoreUnavailable as exc:
+        # Worded by the backend layer, which names the store.
+        raise CommandError(str(exc)) from None
     try:
         check_applied(applied, target.kind, url)
     except SchemaMismatch as exc:

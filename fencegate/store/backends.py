@@ -13,6 +13,9 @@ import asyncio
 import sqlite3
 from typing import Any, Protocol
 
+import asyncpg
+
+from fencegate.errors import StoreTimedOut, StoreUnavailable
 from fencegate.store.dburl import DatabaseURL, parse_database_url
 from fencegate.store.pg import PgDatabase, single_connection
 from fencegate.store.queries import Queries
@@ -68,10 +71,23 @@ def describe_store(target: DatabaseURL) -> str:
 
 async def applied_migrations_read_only(target: DatabaseURL, *, timeout: float) -> list[str] | None:
     """The migrations a store records (None: no migrations table), read without creating
-    anything: `FileNotFoundError` for a SQLite file that does not exist. Driver errors are
-    the caller's to word (it names the store)."""
+    anything: `FileNotFoundError` for a SQLite file that does not exist. Any other failure is
+    `StoreUnavailable` naming the store (`StoreTimedOut` past ``timeout``): no driver error
+    leaves the backend layer."""
+    where = describe_store(target)
+    try:
+        return await asyncio.wait_for(_applied(target, timeout=timeout), timeout)
+    except FileNotFoundError:
+        raise
+    except TimeoutError:
+        raise StoreTimedOut(f"{where} did not answer within {timeout:g}s") from None
+    except (OSError, sqlite3.Error, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        raise StoreUnavailable(f"cannot read {where}: {type(exc).__name__}: {exc}") from exc
+
+
+async def _applied(target: DatabaseURL, *, timeout: float) -> list[str] | None:
     if target.kind == "sqlite":
-        return await asyncio.wait_for(asyncio.to_thread(_sqlite_applied, target), timeout)
+        return await asyncio.to_thread(_sqlite_applied, target)
     q = Queries("postgresql")
     settings = {"search_path": target.schema} if target.schema else None
     async with single_connection(target, timeout=timeout, settings=settings) as conn:
