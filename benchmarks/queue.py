@@ -32,7 +32,13 @@ default redis://127.0.0.1:6379/0)::
 
     python -m benchmarks.queue [--jobs 5000] [--concurrency 10 50] [--shapes 1 4]
                                [--processes 1 2 4] [--rounds 3] [--samples 100] [--profile]
-                               [--no-peers] [--only backlog]
+                               [--no-peers] [--only backlog|shapes]
+                               [--compare LABEL=PYTHON ...]
+
+``--compare LABEL=PYTHON`` (repeatable) adds Worker rows, in every shape, for the fencegate
+that another interpreter has installed (an older commit in its own venv), each on a database
+that version migrates, in the same interleaved rounds: "before and after" is one run.
+``--only shapes`` runs only the Worker and PgQueuer in every shape (and the compared rows).
 
 With the defaults a whole run takes about ten minutes on two shared cores.
 
@@ -321,6 +327,83 @@ async def worker_throughput(
             await queue.close()
     row.jobs_per_second = jobs / seconds
     row.enqueue_per_second = jobs / enqueue_seconds
+    row.note = f"{trips / jobs * 10:.1f} statements per 10 jobs"
+    return row
+
+
+# A Worker crew run by another interpreter (``--compare``): the fencegate it has installed
+# migrates a database of its own and queues the jobs, says "ready", drains them on a line on
+# stdin and prints the seconds, its CPU seconds, the statements sent and the jobs finished,
+# then keeps its pool open until the next line (its backends are read before they go).
+_COMPARED_WORKER = """
+import asyncio, sys, time
+from prometheus_client import CollectorRegistry
+from fencegate.lease import LeaseQueue, Worker
+from fencegate.lease.events import EventLog
+from fencegate.lease.metrics import WorkerMetrics
+
+async def main(url: str, jobs: int, workers: int, concurrency: int) -> None:
+    loop = asyncio.get_running_loop()
+    queue = await LeaseQueue.connect(
+        url, timeout=30, pool_max_size=min(workers * (concurrency + 2), 24))
+    await queue.migrate()
+    for start in range(0, jobs, 500):
+        await queue.enqueue_many(
+            [{"kind": "noop", "payload": {"n": n}} for n in range(start, min(jobs, start + 500))],
+            timeout=30)
+    crew = [Worker(queue, tools={"noop": lambda job: None}, concurrency=concurrency,
+                   events=EventLog(keep=1000), metrics=WorkerMetrics(registry=CollectorRegistry()))
+            for _ in range(workers)]
+    print("ready", flush=True)
+    await loop.run_in_executor(None, sys.stdin.readline)
+    trips = queue.round_trips
+    cpu = time.process_time()
+    started = time.perf_counter()
+    await asyncio.gather(*(worker.run_until_idle() for worker in crew))
+    seconds = time.perf_counter() - started
+    cpu = time.process_time() - cpu
+    trips = queue.round_trips - trips
+    done = len(await queue.list_jobs(state="succeeded", limit=jobs + 1, timeout=30))
+    print("done", seconds, cpu, trips, done, flush=True)
+    await loop.run_in_executor(None, sys.stdin.readline)
+    await queue.close()
+
+asyncio.run(main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])))
+"""
+
+
+async def compared_worker_throughput(
+    server: str, python: str, label: str, *, jobs: int, concurrency: int, workers: int
+) -> Row:
+    """`worker_throughput` for the fencegate another interpreter has installed, on a fresh
+    database that version migrates; run outside this checkout, without ``PYTHONPATH``."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    async with fresh_database(server) as url:
+        proc = await asyncio.create_subprocess_exec(
+            python, "-c", _COMPARED_WORKER, url, str(jobs), str(workers), str(concurrency),
+            cwd="/", env=env, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        assert proc.stdin is not None
+        try:
+            assert await _line(proc) == "ready"
+            meter = CpuMeter(url)
+            meter.start()
+            proc.stdin.write(b"go\n")
+            await proc.stdin.drain()
+            fields = (await asyncio.wait_for(_line(proc), PHASE_LIMIT_SECONDS)).split()
+            row = meter.stop(Row(f"{label}: fencegate Worker"), jobs)
+            proc.stdin.write(b"close\n")
+            await proc.stdin.drain()
+            await asyncio.wait_for(proc.wait(), 30)
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+    seconds, cpu, trips, done = float(fields[1]), float(fields[2]), int(fields[3]), int(fields[4])
+    if fields[0] != "done" or done != jobs:
+        raise RuntimeError(f"{label}: the Worker finished {done} of {jobs} jobs")
+    row.jobs_per_second = jobs / seconds
+    row.cpu_ms = cpu / jobs * 1000
     row.note = f"{trips / jobs * 10:.1f} statements per 10 jobs"
     return row
 
@@ -901,7 +984,11 @@ PEERS = ("saq", "procrastinate")
 ORDER = ("worker", "pipelined", "plain", "pgqueuer", *PEERS)
 
 
-def print_shapes(shapes: dict[tuple[int, int], tuple[Row, Row]], args: argparse.Namespace) -> None:
+def print_shapes(
+    shapes: dict[tuple[int, int], tuple[Row, Row]],
+    compared: dict[tuple[int, int], list[Row]],
+    args: argparse.Namespace,
+) -> None:
     print()
     print(
         "Both shapes: N fencegate Workers sharing one queue in one process, against N PgQueuer "
@@ -910,17 +997,20 @@ def print_shapes(shapes: dict[tuple[int, int], tuple[Row, Row]], args: argparse.
     )
     print()
     print(
-        "| Workers in the process | concurrency | fencegate jobs/s | PgQueuer jobs/s "
-        "| x PgQueuer | fencegate CPU µs/job | PgQueuer CPU µs/job |"
+        "| fencegate | Workers in the process | concurrency | fencegate jobs/s "
+        "| PgQueuer jobs/s | x PgQueuer | fencegate CPU µs/job | PgQueuer CPU µs/job "
+        "| statements per 10 jobs |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for (workers, concurrency), (ours, theirs) in shapes.items():
-        ratio = (ours.jobs_per_second or 0.0) / (theirs.jobs_per_second or 1.0)
-        print(
-            f"| {workers} | {concurrency} | {fmt(ours.jobs_per_second, '.0f')} "
-            f"| {fmt(theirs.jobs_per_second, '.0f')} | {ratio:.2f} | {cpu_text(ours)} "
-            f"| {cpu_text(theirs)} |"
-        )
+        for row in [ours, *compared.get((workers, concurrency), [])]:
+            label = row.name.partition(":")[0] if row is not ours else "this checkout"
+            ratio = (row.jobs_per_second or 0.0) / (theirs.jobs_per_second or 1.0)
+            print(
+                f"| {label} | {workers} | {concurrency} | {fmt(row.jobs_per_second, '.0f')} "
+                f"| {fmt(theirs.jobs_per_second, '.0f')} | {ratio:.2f} | {cpu_text(row)} "
+                f"| {cpu_text(theirs)} | {row.note.split()[0] if row.note else '-'} |"
+            )
 
 
 def print_table(
@@ -1028,8 +1118,11 @@ async def run(args: argparse.Namespace) -> None:
         ),
         "pgqueuer": functools.partial(pgqueuer_pickup, server, samples=args.samples, workers=1),
     }
+    if args.only == "shapes":
+        runs = {name: runs[name] for name in ("worker", "pgqueuer")}
+        pickups = {}
     skipped: dict[str, str] = {}
-    if args.peers:
+    if args.peers and args.only != "shapes":
         peer_runs: dict[str, tuple[Callable[[], Awaitable[Row]], Callable[[], Awaitable[Row]]]]
         peer_runs = {
             "saq": (
@@ -1061,10 +1154,21 @@ async def run(args: argparse.Namespace) -> None:
             worker_processes, server, jobs=args.jobs, processes=n, concurrency=concurrency
         )
         for n in args.processes
+        if args.only != "shapes"
     }
     # Both shapes at every concurrency: fencegate and PgQueuer, N of each in one process.
     for workers in args.shapes:
         for level in args.concurrency:
+            for label, python in args.compare:
+                runs[f"{label} {workers}x{level}"] = functools.partial(
+                    compared_worker_throughput,
+                    server,
+                    python,
+                    label,
+                    jobs=args.jobs,
+                    concurrency=level,
+                    workers=workers,
+                )
             if workers == 1 and level == concurrency:
                 continue  # the first table's own rows
             runs[f"worker {workers}x{level}"] = functools.partial(
@@ -1099,15 +1203,18 @@ async def run(args: argparse.Namespace) -> None:
         print(
             f"  round {round_number + 1}: "
             + ", ".join(f"{n} {results[n][-1].jobs_per_second:.0f}" for n in names if results[n])
-            + "; processes "
-            + ", ".join(f"{n}: {scaled[n][-1].jobs_per_second:.0f}" for n in scaled)
+            + "".join(f"; processes {n}: {scaled[n][-1].jobs_per_second:.0f}" for n in scaled)
             + " jobs/s",
             file=sys.stderr,
         )
     throughput = {name: median_row(rows) for name, rows in results.items() if rows}
     shapes: dict[tuple[int, int], tuple[Row, Row]] = {}
+    compared: dict[tuple[int, int], list[Row]] = {}
     for workers in args.shapes:
         for level in args.concurrency:
+            compared[workers, level] = [
+                throughput.pop(f"{label} {workers}x{level}") for label, _ in args.compare
+            ]
             if workers == 1 and level == concurrency:
                 shapes[workers, level] = (throughput["worker"], throughput["pgqueuer"])
             else:
@@ -1115,6 +1222,9 @@ async def run(args: argparse.Namespace) -> None:
                     throughput.pop(f"worker {workers}x{level}"),
                     throughput.pop(f"pgqueuer {workers}x{level}"),
                 )
+    if args.only == "shapes":
+        print_shapes(shapes, compared, args)
+        return
     throughput["pipelined"].name = "fencegate claim + complete_many, pipelined"
     throughput["plain"].name = f"fencegate claim(limit={concurrency}) + complete() per job"
     throughput["pgqueuer"].name = "PgQueuer QueueManager.run"
@@ -1125,8 +1235,17 @@ async def run(args: argparse.Namespace) -> None:
         pickup[peer] = Row(PEER_NAMES[peer])
     recovery = await worker_recovery(server, runs=3, lease_seconds=2.0)
     print_table(throughput, pickup, [median_row(rows) for rows in scaled.values()], recovery, args)
-    print_shapes(shapes, args)
+    print_shapes(shapes, compared, args)
     await backlog_table(server)
+
+
+def _comparison(text: str) -> tuple[str, str]:
+    label, sep, python = text.partition("=")
+    if not sep or not label or ":" in label or not Path(python).is_file():
+        raise argparse.ArgumentTypeError(
+            f"expected LABEL=PATH-TO-PYTHON (an interpreter with fencegate installed), got {text!r}"
+        )
+    return label, python
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -1158,8 +1277,18 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument(
         "--only",
-        choices=["backlog"],
-        help="run one table alone (backlog: claim cost against the queue's depth)",
+        choices=["backlog", "shapes"],
+        help="run one table alone (backlog: claim cost against the queue's depth; shapes: "
+        "the Worker against PgQueuer in every shape and concurrency, and --compare's rows)",
+    )
+    parser.add_argument(
+        "--compare",
+        action="append",
+        default=[],
+        metavar="LABEL=PYTHON",
+        type=_comparison,
+        help="also run the Worker of the fencegate that PYTHON has installed (an older commit "
+        "in its own venv) in every shape, on its own database, in the same rounds; repeatable",
     )
     args = parser.parse_args(argv)
     if (

@@ -49,7 +49,7 @@ _POOLER_STARTUP = ("application_name",)
 # Settings that only make statements faster: left to the server's defaults behind a
 # transaction pooler (an unnamed statement is planned per call anyway, and JIT never
 # triggers on fencegate's by-key statements), rather than one more round trip per call.
-_SPEED_ONLY = ("jit", "plan_cache_mode")
+_SPEED_ONLY = ("jit", "plan_cache_mode", "enable_seqscan")
 
 
 def _split_settings(
@@ -191,15 +191,19 @@ class PgDatabase:
         init: Callable[[asyncpg.Connection], Coroutine[Any, Any, None]] | None = None,
         max_inactive_connection_lifetime: float = 300.0,
         generic_plans: bool = False,
-        custom_plans: bool = False,
+        index_scans: bool = False,
         require_synchronous_replication: bool = False,
     ) -> PgDatabase:
         """A pool on ``target``. ``generic_plans`` for callers whose every statement is a
         lookup by key: PostgreSQL then plans each prepared statement once. Statements with
         optional filters (``$1 IS NULL OR col = $1``, the operator's reads) need the default,
-        a plan for the values given. ``custom_plans`` for statements over tables that grow
-        fast from empty (the lease queue): a plan kept from when they were small (a
-        sequential scan inside a nested loop) would stay until the next ANALYZE.
+        a plan for the values given. ``index_scans`` for statements that reach every row of
+        their growing tables through an index (the lease queue): no sequential scans
+        (``enable_seqscan = off``), so that the plan the server keeps after a statement's
+        first executions (a generic plan, when it costs no more than planning each call),
+        made while the tables were small, cannot scan them whole once they have grown; which
+        plan is kept stays the server's choice (``auto``), so a read with optional filters
+        keeps a plan for the values given.
 
         Every new connection (at start, and each one opened after a failure or a failover)
         checks the server's replication: asynchronous standbys are warned about once, or with
@@ -207,8 +211,8 @@ class PgDatabase:
         settings = {"jit": "off", "application_name": application_name}
         if generic_plans:
             settings["plan_cache_mode"] = "force_generic_plan"
-        elif custom_plans:
-            settings["plan_cache_mode"] = "force_custom_plan"
+        if index_scans:
+            settings["enable_seqscan"] = "off"
         if target.schema is not None:
             settings["search_path"] = target.schema
         startup, local = _split_settings(settings, transaction_pooling=target.transaction_pooling)

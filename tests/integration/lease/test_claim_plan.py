@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import asyncpg
 import pytest
 
+from fencegate.lease import LeaseQueue
 from fencegate.store.queries import queries
 
 QUEUED = 4000
@@ -139,6 +140,79 @@ async def test_postgres_claims_from_indexes_only(seeded_pg: str, name: str, mode
             _describe(node) for node, stopped in nodes if not stopped and node["Plan Rows"] > SMALL
         ]
         assert not large, f"{name} expects rows in proportion to the backlog: {large}"
+
+
+# The queue's pool lets the server keep a generic plan (made once, without the values) when it
+# costs no more than planning each call. Kept from when the tables were a few rows, such a
+# plan must still reach rows through indexes once they have grown: each statement, its
+# parameters' types and arguments that match nothing.
+PG_KEPT = {
+    "lease_claim_one_kind": "(text, text, int) AS {} ; EXECUTE s('w', 'k', 10)",
+    "lease_claim_kinds": "(text, text[], int) AS {} ; EXECUTE s('w', ARRAY['k'], 10)",
+    "lease_claim_any": "(text, text[], int) AS {} ; EXECUTE s('w', NULL, 10)",
+    "lease_extend_many": (
+        "(bigint[], text[], bigint[]) AS {} ; EXECUTE s('{{0}}', '{{w}}', '{{0}}')"
+    ),
+    "lease_complete_many": (
+        "(bigint[], text[], bigint[], text[]) AS {} ; EXECUTE s('{{0}}', '{{w}}', '{{0}}', '{{1}}')"
+    ),
+    "lease_fail_many": (
+        "(bigint[], text[], bigint[], text[], float8[]) AS {} ;"
+        " EXECUTE s('{{0}}', '{{w}}', '{{0}}', '{{1}}', '{{1}}')"
+    ),
+    "lease_release": "(bigint, text, bigint) AS {} ; EXECUTE s(0, 'w', 0)",
+    "lease_commit_stage_many": (
+        "(bigint[], text[], bigint[], text[], text[], text[]) AS {} ;"
+        " EXECUTE s('{{0}}', '{{w}}', '{{0}}', '{{n}}', '{{n}}', '{{1}}')"
+    ),
+}
+
+
+@pytest.fixture
+async def small_queue(pg_url: str) -> AsyncIterator[LeaseQueue]:
+    """A queue whose tables were analyzed while they held a few rows (as autovacuum does
+    soon after a queue starts): the state a kept plan is most likely made in."""
+    queue = await LeaseQueue.connect(pg_url, timeout=30)
+    try:
+        await queue.enqueue_many([{"kind": "k", "payload": n} for n in range(4)], timeout=30)
+        for lease in await queue.claim("w", kinds=["k"], limit=2, timeout=30):
+            await queue.complete(lease, None, timeout=30)
+        conn = await asyncpg.connect(pg_url)
+        try:
+            await conn.execute("ANALYZE")
+        finally:
+            await conn.close()
+        yield queue
+    finally:
+        await queue.close()
+
+
+@pytest.mark.parametrize("name", sorted(PG_KEPT))
+async def test_postgres_kept_plans_never_scan_a_table_whole(
+    small_queue: LeaseQueue, name: str
+) -> None:
+    prepare, execute = PG_KEPT[name].format(queries("postgresql")[name]).split(" ; ")
+
+    async def generic_plan(conn: asyncpg.Connection) -> str:
+        # On one of the queue's own connections (its settings), the plan kept after the
+        # first executions, made now.
+        async with conn.transaction():
+            await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+            await conn.execute(f"PREPARE s{prepare}")
+            try:
+                return str(await conn.fetchval(f"EXPLAIN (FORMAT JSON) {execute}"))
+            finally:
+                await conn.execute("DEALLOCATE s")
+
+    db = getattr(getattr(small_queue, "_driver"), "_db")  # noqa: B009 - the queue's pool
+    plan = json.loads(await db.run(generic_plan, timeout=30))[0]["Plan"]
+    scanned = [
+        _describe(node)
+        for node, _ in _nodes(plan)
+        if node["Node Type"] == "Seq Scan"
+        and node.get("Relation Name", "").startswith("fencegate_job")
+    ]
+    assert not scanned, f"{name}'s kept plan reads a whole table once it has grown: {scanned}"
 
 
 # SQLite: the claim is a few statements in one transaction; each variant of each.
