@@ -26,8 +26,7 @@ from typing import Any
 import asyncpg
 
 from fencegate.lease import LeaseQueue
-from fencegate.store import DecideRequest, Reservation, StoredResponse
-from fencegate.store.dburl import parse_database_url
+from fencegate.store import DecideRequest, Reservation, StoredResponse, open_gateway_store
 from fencegate.store.migrations import migrate
 from fencegate.store.postgres import PostgresGatewayStore
 from tests.support.topology import PgNode, give_to_server_user, missing
@@ -83,7 +82,8 @@ def per(unit: int, totals: dict[str, float], round_trips: int) -> dict[str, floa
 
 
 async def gateway_costs(url: str, n: int, concurrency: int, history: bool) -> dict[str, Any]:
-    store = await PostgresGatewayStore.connect(parse_database_url(url), history=history)
+    store = await open_gateway_store(url, run_migrations=False, timeout=10.0, history=history)
+    assert isinstance(store, PostgresGatewayStore)
     calls = 0
     run = store._db.run
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from fencegate.store.backends import Part, open_part
 from fencegate.store.base import (
     DecideRequest,
     Decision,
@@ -16,6 +17,8 @@ from fencegate.store.base import (
 )
 from fencegate.store.dburl import parse_database_url
 from fencegate.store.migrations import migrate
+from fencegate.store.postgres import PostgresGatewayStore
+from fencegate.store.sqlite import SQLiteGatewayStore
 
 __all__ = [
     "DecideRequest",
@@ -30,6 +33,16 @@ __all__ = [
     "StoredResponse",
     "open_gateway_store",
 ]
+
+# The gateway store's class per backend, and its pool on PostgreSQL.
+GATEWAY: Part[GatewayStore] = Part(
+    "fencegate-gateway",
+    postgresql=PostgresGatewayStore,
+    sqlite=SQLiteGatewayStore,
+    # The batch statement (arrays of parameters) was otherwise planned again on every call,
+    # which cost more than running it; every gateway statement is by key.
+    pg_options={"generic_plans": True},
+)
 
 
 async def open_gateway_store(
@@ -55,18 +68,12 @@ async def open_gateway_store(
         run_migrations = target.kind == "sqlite"
     if run_migrations:
         await migrate(target.url, timeout=timeout)
-    if target.kind == "postgresql":
-        from fencegate.store.postgres import PostgresGatewayStore
-
-        return await PostgresGatewayStore.connect(
-            target,
-            max_size=pool_max_size,
-            min_size=min(2, pool_max_size),
-            timeout=timeout,
-            history=history,
-            require_synchronous_replication=require_synchronous_replication,
-        )
-    from fencegate.store.sqlite import SQLiteGatewayStore
-
-    assert target.sqlite_path is not None
-    return SQLiteGatewayStore.open(target.sqlite_path, history=history)
+    return await open_part(
+        GATEWAY,
+        target,
+        timeout=timeout,
+        min_size=min(2, pool_max_size),
+        max_size=pool_max_size,
+        require_synchronous_replication=require_synchronous_replication,
+        history=history,
+    )

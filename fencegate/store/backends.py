@@ -2,16 +2,19 @@
 ``postgresql://…``, one thread and one connection for ``sqlite:///…``.
 
 Every store user (the gateway store, the lease queue's drivers, the inspector) opens its
-database here and runs its named queries through the layer it gets back, which owns the
-deadlines and the one error rule of its backend (`PgDatabase.run`, `SQLiteDatabase.run`).
-Nothing above the drivers asks which backend it has.
+database here (`open_database`, or `open_part` for a part with a class per backend) and runs
+its named queries through the layer it gets back, which owns the deadlines and the one error
+rule of its backend (`PgDatabase.run`, `SQLiteDatabase.run`). A part's class is chosen by the
+layer it is given (`Part.over`); nothing above the drivers asks which backend it has.
 """
 
 from __future__ import annotations
 
 import asyncio
 import sqlite3
-from typing import Any, Protocol
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Generic, Protocol, TypeVar
 
 import asyncpg
 
@@ -23,6 +26,8 @@ from fencegate.store.schema import redacted
 from fencegate.store.sqlite_db import SQLiteDatabase
 
 Database = PgDatabase | SQLiteDatabase
+
+P = TypeVar("P")
 
 
 class NamedQueries(Protocol):
@@ -59,6 +64,54 @@ async def open_database(
         )
     assert target.sqlite_path is not None
     return SQLiteDatabase(target.sqlite_path)
+
+
+@dataclass(frozen=True, slots=True)
+class Part(Generic[P]):
+    """One store user with a class per backend (the gateway store, the lease driver): how it
+    is built over each connection layer, and the pool it asks PostgreSQL for."""
+
+    application_name: str
+    postgresql: Callable[..., P]  # called with a `PgDatabase` and the part's own options
+    sqlite: Callable[..., P]  # called with a `SQLiteDatabase` and the part's own options
+    # `PgDatabase.connect` options this part's statements depend on (plans, codecs, ages).
+    pg_options: Mapping[str, Any] = field(default_factory=dict)
+
+    def over(self, db: Database, **options: Any) -> P:
+        """The part's class for the connection layer ``db``, built on it."""
+        build: Mapping[type[Database], Callable[..., P]] = {
+            PgDatabase: self.postgresql,
+            SQLiteDatabase: self.sqlite,
+        }
+        return build[type(db)](db, **options)
+
+
+async def open_part(
+    part: Part[P],
+    url: str | DatabaseURL | None,
+    *,
+    timeout: float,
+    min_size: int = 1,
+    max_size: int = 10,
+    require_synchronous_replication: bool = False,
+    **options: Any,
+) -> P:
+    """``part`` over the store a URL names: its connection layer from `open_database` (with
+    the part's pool options), its class from `Part.over` (given ``options``)."""
+    db = await open_database(
+        url,
+        application_name=part.application_name,
+        timeout=timeout,
+        min_size=min_size,
+        max_size=max_size,
+        require_synchronous_replication=require_synchronous_replication,
+        **part.pg_options,
+    )
+    try:
+        return part.over(db, **options)
+    except BaseException:
+        await db.close()
+        raise
 
 
 def describe_store(target: DatabaseURL) -> str:

@@ -29,7 +29,6 @@ from fencegate.store.base import (
     StoredResponse,
 )
 from fencegate.store.batching import Batcher
-from fencegate.store.dburl import DatabaseURL
 from fencegate.store.pg import PgDatabase, affected
 from fencegate.store.queries import Queries
 
@@ -133,30 +132,6 @@ class PostgresGatewayStore:
         # so each commit (and its WAL flush) carries more requests. A second concurrent round
         # trip would mostly wait for the same flush, and costs its own commit.
         self._steps: Batcher[_Step, Decision | bool] = Batcher(self._step, max_in_flight=1)
-
-    @classmethod
-    async def connect(
-        cls,
-        target: DatabaseURL,
-        *,
-        min_size: int = 2,
-        max_size: int = 20,
-        timeout: float = 10.0,
-        history: bool = True,
-        require_synchronous_replication: bool = False,
-    ) -> PostgresGatewayStore:
-        db = await PgDatabase.connect(
-            target,
-            application_name="fencegate-gateway",
-            min_size=min_size,
-            max_size=max_size,
-            timeout=timeout,
-            # The batch statement (arrays of parameters) was otherwise planned again on every
-            # call, which cost more than running it; every gateway statement is by key.
-            generic_plans=True,
-            require_synchronous_replication=require_synchronous_replication,
-        )
-        return cls(db, history=history)
 
     async def decide(self, request: DecideRequest, *, timeout: float) -> Decision:
         result = await self._steps.submit(request, timeout=timeout)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import orjson
@@ -263,12 +262,6 @@ class SQLiteGatewayStore:
         self._completer: Batcher[tuple[Reservation, StoredResponse], bool] = Batcher(
             self._complete_many, max_in_flight=1
         )
-
-    @classmethod
-    def open(
-        cls, path: Path | str, *, busy_timeout: float = 5.0, history: bool = True
-    ) -> SQLiteGatewayStore:
-        return cls(SQLiteDatabase(path, busy_timeout=busy_timeout), history=history)
 
     async def decide(self, request: DecideRequest, *, timeout: float) -> Decision:
         return await self._decider.submit(request, timeout=timeout)

@@ -138,6 +138,11 @@ class Driver(abc.ABC):
     async def _fetch(self, sql: str, args: Sequence[Any], *, timeout: float) -> Sequence[Row]:
         """The rows of one read-only statement, its parameters given by position."""
 
+    async def opened(self, *, timeout: float) -> None:
+        """Called once a driver is built on a store just opened: a check that it answers,
+        where opening the connection layer did not already make one."""
+        return None
+
     @abc.abstractmethod
     async def close(self) -> None: ...
 

@@ -21,7 +21,6 @@ import orjson
 from fencegate.errors import StoreUnavailable
 from fencegate.lease.drivers.base import Decoding, Driver, Row, lease_from
 from fencegate.lease.models import JobState, Lease, NewJob, Scheduling
-from fencegate.store.dburl import DatabaseURL
 from fencegate.store.migrations import migrate_postgres
 from fencegate.store.pg import PgDatabase
 from fencegate.store.queries import Queries
@@ -37,7 +36,7 @@ def _dumps(value: Any) -> str:
     return orjson.dumps(value).decode()
 
 
-async def _init_connection(conn: asyncpg.Connection) -> None:
+async def init_connection(conn: asyncpg.Connection) -> None:
     await conn.set_type_codec(
         "jsonb", encoder=_dumps, decoder=orjson.loads, schema="pg_catalog", format="text"
     )
@@ -181,37 +180,6 @@ class PostgresDriver(Driver):
         self._notifications = _Notifications(db)
         # Statements sent, so that batching can be observed (tests, benchmarks).
         self.round_trips = 0
-
-    @classmethod
-    async def connect(
-        cls,
-        target: DatabaseURL,
-        *,
-        timeout: float,
-        min_size: int = 1,
-        max_size: int = 10,
-        require_synchronous_replication: bool = False,
-    ) -> PostgresDriver:
-        db = await PgDatabase.connect(
-            target,
-            application_name="fencegate-lease",
-            min_size=min_size,
-            max_size=max_size,
-            timeout=timeout,
-            init=_init_connection,
-            # No connection is kept for ever: one that has lived through an unnoticed
-            # partition is replaced within minutes even when idle.
-            max_inactive_connection_lifetime=60.0,
-            # A queue's tables grow from empty faster than autovacuum analyzes them: a
-            # generic plan made while they were small joined each batch to a sequential
-            # scan of the attempts, so every commit got slower as the queue drained. Planning
-            # every call instead cost the claim about 1 ms per batch; with sequential scans
-            # off, the plan kept is an index plan at any size
-            # (tests/integration/lease/test_claim_plan.py).
-            index_scans=True,
-            require_synchronous_replication=require_synchronous_replication,
-        )
-        return cls(db)
 
     async def close(self) -> None:
         await self._notifications.close()

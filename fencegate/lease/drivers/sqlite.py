@@ -15,7 +15,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any, TypeVar
 
 import orjson
@@ -234,21 +233,15 @@ class SQLiteDriver(Driver):
     queries = Q
     decoding = DECODING
 
-    def __init__(self, path: Path) -> None:
-        self._db = SQLiteDatabase(path)
+    def __init__(self, db: SQLiteDatabase) -> None:
+        self._db = db
         # Transactions sent, so that batching can be observed (tests, benchmarks).
         self.round_trips = 0
         self._held_back: set[str | None] = set()
 
-    @classmethod
-    async def connect(cls, path: Path, *, timeout: float) -> SQLiteDriver:
-        driver = cls(path)
-        try:
-            await driver._run(lambda conn: conn.execute(Q.lease_ping).fetchone(), timeout=timeout)
-        except BaseException:
-            await driver.close()
-            raise
-        return driver
+    async def opened(self, *, timeout: float) -> None:
+        # The file is opened on first use: a store that cannot be read fails here, at once.
+        await self._run(lambda conn: conn.execute(Q.lease_ping).fetchone(), timeout=timeout)
 
     async def close(self) -> None:
         await self._db.close()
