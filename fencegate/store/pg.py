@@ -150,6 +150,15 @@ async def check_client(conn: asyncpg.Connection) -> None:
         await conn.execute("SET client_connection_check_interval = '100ms'")
 
 
+def _closed(conn: Any) -> bool:
+    """Whether a pooled connection is closed; the pool takes back one that closes while
+    held, and its proxy then refuses every call."""
+    try:
+        return bool(conn.is_closed())
+    except asyncpg.InterfaceError:
+        return True
+
+
 def _left(deadline: float) -> float:
     return max(deadline - time.monotonic(), 0.0)
 
@@ -177,6 +186,8 @@ class PgDatabase:
         # What the last new connection found about replication (None: not checked).
         self.replication = replication
         self.closed = False
+        # The connection `run_held` keeps between its calls (None: none taken yet).
+        self._held: Any = None
 
     @classmethod
     async def connect(
@@ -317,6 +328,53 @@ class PgDatabase:
             with contextlib.suppress(Exception):
                 await self.pool.release(conn, timeout=max(_left(deadline), 0.1))
 
+    async def run_held(
+        self, fn: Callable[[asyncpg.Connection], Awaitable[T]], *, timeout: float
+    ) -> T:
+        """`run` on one connection kept from call to call, for a caller that never makes two
+        calls at once (the gateway's batch of steps): taking a connection from the pool and
+        giving it back costs more client CPU than a short statement (a task, timers and
+        several turns of the event loop, each time). The same bound and error rule as `run`:
+        after a failure the connection is closed and given back, and the next call takes
+        another from the pool; so is one found closed while it waited. A pool of one
+        connection keeps none (every other statement would wait for it)."""
+        if self.closed or self.pool.get_max_size() < 2:
+            return await self.run(fn, timeout=timeout)
+        loop_deadline = asyncio.get_running_loop().time() + timeout
+        conn = self._held
+        if conn is not None and _closed(conn):
+            await self._give_back_held()
+            conn = None
+        if conn is None:
+            try:
+                async with asyncio.timeout_at(loop_deadline):
+                    conn = await self.pool.acquire()
+            except Exception as exc:
+                raise unsent(unavailable(exc, timeout)) from exc
+            self._held = conn
+        try:
+            async with asyncio.timeout_at(loop_deadline):
+                local_sql = self._local.sql
+                if not local_sql:
+                    return await fn(cast(asyncpg.Connection, conn))
+                async with conn.transaction():
+                    await conn.execute(local_sql)
+                    return await fn(cast(asyncpg.Connection, conn))
+        except BaseException as exc:
+            # As in `run`: the connection's state is unknown, so it is closed at once.
+            with contextlib.suppress(Exception):
+                conn.terminate()
+            await self._give_back_held()
+            if isinstance(exc, Exception):
+                raise unavailable(exc, timeout) from exc
+            raise
+
+    async def _give_back_held(self) -> None:
+        conn, self._held = self._held, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await self.pool.release(conn, timeout=1.0)
+
     async def fetch(self, sql: str, args: Sequence[Any], *, timeout: float) -> list[dict[str, Any]]:
         """A named query's rows as dictionaries (the inspector's reads)."""
 
@@ -332,6 +390,7 @@ class PgDatabase:
 
     async def close(self) -> None:
         self.closed = True
+        await self._give_back_held()
         try:
             await asyncio.wait_for(self.pool.close(), 5.0)
         except Exception:

@@ -38,8 +38,12 @@ _Step = DecideRequest | tuple[Reservation, StoredResponse]
 Q = Queries("postgresql")
 
 
+# A dictionary look-up costs less than calling the enum class for every row.
+_OUTCOMES = {outcome.value: outcome for outcome in Outcome}
+
+
 def _decision(row: asyncpg.Record) -> Decision:
-    outcome = Outcome(row["d_outcome"])
+    outcome = _OUTCOMES[row["d_outcome"]]
     response = None
     if outcome is Outcome.REPLAY:
         headers = [(str(k), str(v)) for k, v in orjson.loads(row["d_response_headers"])]
@@ -161,7 +165,8 @@ class PostgresGatewayStore:
             # rather than commit after the caller gave up.
             return conn.fetch(Q.step, *args, server_budget_ms(deadline - time.monotonic()))
 
-        rows = await self._db.run(fetch, timeout=timeout)
+        # Steps run one at a time (see `__init__`), so on a connection kept between them.
+        rows = await self._db.run_held(fetch, timeout=timeout)
         decisions: dict[int, Decision] = {}
         recorded: dict[int, bool] = {}
         for row in rows:

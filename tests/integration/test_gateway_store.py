@@ -555,3 +555,44 @@ async def test_each_decision_and_recorded_answer_leaves_its_history_row(
         ("completed", "inv:1", 7, 1, "gw-a", "req-2", None, None, 201),
         ("replay", None, None, 1, "gw-b", "req-3", "POST", "/charges", None),
     ]
+
+
+async def test_postgres_steps_survive_their_connection_closing_while_idle(pg_url: str) -> None:
+    """The steps keep one connection between batches; one the server closed while it was
+    idle (a restart, an idle timeout, an operator's pg_terminate_backend) is replaced before
+    the next batch, as a pooled connection would be, rather than failing it."""
+    store = await open_gateway_store(pg_url)
+    try:
+        first = await store.decide(replace(BASE, key="held-1"), timeout=T)
+        assert first.outcome is Outcome.RESERVED
+        db = getattr(store, "_db")  # noqa: B009 - the pool behind the store
+        pids = await db.run(
+            lambda conn: conn.fetch(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                "AND pid <> pg_backend_pid() AND application_name = 'fencegate-gateway'"
+            ),
+            timeout=T,
+        )
+        killer = await asyncpg.connect(pg_url)
+        try:
+            for row in pids:
+                await killer.execute("SELECT pg_terminate_backend($1)", row["pid"])
+        finally:
+            await killer.close()
+
+        async def gone() -> bool:
+            left = await db.run(
+                lambda conn: conn.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity WHERE pid = any($1::int[])",
+                    [row["pid"] for row in pids],
+                ),
+                timeout=T,
+            )
+            return bool(left == 0)
+
+        assert pids
+        await wait_until(gone, timeout=T, what="the killed connections gone")
+        second = await store.decide(replace(BASE, key="held-2"), timeout=T)
+        assert second.outcome is Outcome.RESERVED
+    finally:
+        await store.close()
