@@ -1,18 +1,25 @@
-"""The gateway store protocol and the records it returns.
+"""The gateway store's base class and the records it returns.
 
 A store runs steps 3 and 4 of the decision order as one transaction (`decide`), and later
 records what the upstream did with the reservation it granted (`complete`, `release`,
 `mark_unknown`), each conditional on still owning it. The decision logic around these calls
-lives in `fencegate.gateway.engine`; a store only runs SQL.
+lives in `fencegate.gateway.engine`; a store only runs SQL. `GatewayStore` holds what both
+backends do alike (reads and deletes by named query through the connection layer); each
+subclass holds its backend's `Database` and the statements that differ.
 """
 
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from fencegate.errors import StoreUnavailable
+from fencegate.store.queries import Queries
+
+if TYPE_CHECKING:
+    from fencegate.store.backends import NamedQueries
 
 __all__ = ["StoreUnavailable"]  # one class for every store, defined with the error root
 
@@ -124,11 +131,22 @@ class PurgeCounts:
     decisions: int = 0
 
 
-class GatewayStore(Protocol):
-    kind: Literal["postgresql", "sqlite"]
+class GatewayStore(abc.ABC):
+    """The gateway's store on one backend (`PostgresGatewayStore`, `SQLiteGatewayStore`),
+    built on the connection layer `fencegate.store.backends` opened for it."""
 
+    kind: ClassVar[Literal["postgresql", "sqlite"]]
+    queries: ClassVar[Queries]
+
+    def __init__(self, db: NamedQueries, *, history: bool = True) -> None:
+        self._db = db
+        # Whether decisions are kept in the history (one row each, in their transaction).
+        self.history = history
+
+    @abc.abstractmethod
     async def decide(self, request: DecideRequest, *, timeout: float) -> Decision: ...
 
+    @abc.abstractmethod
     async def complete(
         self,
         reservation: Reservation,
@@ -138,49 +156,38 @@ class GatewayStore(Protocol):
     ) -> bool:
         """Store the response; False when the reservation is no longer ours. The key keeps
         the expiry it was given at reservation."""
-        ...
 
+    @abc.abstractmethod
     async def release(
         self, reservation: Reservation, *, upstream_status: int | None = None, timeout: float
     ) -> bool:
         """Delete the reservation (nothing was sent, or a 5xx the route does not store)."""
-        ...
 
+    @abc.abstractmethod
     async def release_abandoned(self, reservation: Reservation, *, timeout: float) -> bool:
         """Delete an in-flight reservation held by ``reservation.owner``, whatever its
         attempt: what a decision the gateway gave up on (503) may have left behind, since
         its statement can still commit after the caller stopped waiting. False when there
         is none."""
-        ...
 
+    @abc.abstractmethod
     async def mark_unknown(self, reservation: Reservation, *, timeout: float) -> bool: ...
 
+    @abc.abstractmethod
     async def renew(
         self, reservation: Reservation, lease_seconds: float, *, timeout: float
     ) -> bool:
         """Extend the in-flight lease; False when it already expired or was taken over."""
-        ...
 
+    @abc.abstractmethod
     async def remember_nonce(
         self, key_id: str, nonce: str, ttl_seconds: float, *, timeout: float
     ) -> bool: ...
 
-    async def purge(
-        self,
-        *,
-        fence_ttl_seconds: float = DEFAULT_FENCE_TTL_SECONDS,
-        batch_size: int = 1000,
-        timeout: float,
-    ) -> PurgeCounts: ...
-
-    async def ping(self, *, timeout: float) -> None: ...
-
-    async def applied_migrations(self, *, timeout: float) -> list[str] | None:
-        """Names in `fencegate_migrations`; None when the table does not exist."""
-        ...
-
+    @abc.abstractmethod
     async def get_key(self, tenant: str, key: str, *, timeout: float) -> KeyRecord | None: ...
 
+    @abc.abstractmethod
     async def resolve_key(
         self,
         tenant: str,
@@ -193,6 +200,45 @@ class GatewayStore(Protocol):
         """An operator's answer for a key whose outcome is unknown (marked so, or in flight
         with an expired lease): store ``response`` as its result, or with None release it.
         Any other key is left alone."""
-        ...
 
-    async def close(self) -> None: ...
+    async def purge(
+        self,
+        *,
+        fence_ttl_seconds: float = DEFAULT_FENCE_TTL_SECONDS,
+        batch_size: int = 1000,
+        timeout: float,
+    ) -> PurgeCounts:
+        """Delete in batches, so that no statement holds many row locks (PostgreSQL) or the
+        write lock (SQLite) for long; ``timeout`` bounds each batch."""
+        q = self.queries
+        return PurgeCounts(
+            keys=await self._purge(q.purge_keys, (batch_size,), timeout=timeout),
+            fences=await self._purge(
+                q.purge_fences, (batch_size, float(fence_ttl_seconds)), timeout=timeout
+            ),
+            nonces=await self._purge(q.purge_nonces, (batch_size,), timeout=timeout),
+            decisions=await self._purge(q.purge_decisions, (batch_size,), timeout=timeout),
+        )
+
+    async def _purge(self, sql: str, args: tuple[int | float, ...], *, timeout: float) -> int:
+        """One purge statement (its batch size first), repeated until a batch comes short."""
+        total = 0
+        while True:
+            deleted = await self._db.execute(sql, args, timeout=timeout)
+            total += deleted
+            if deleted < args[0]:
+                return total
+
+    async def ping(self, *, timeout: float) -> None:
+        await self._db.fetch(self.queries.ping, (), timeout=timeout)
+
+    async def applied_migrations(self, *, timeout: float) -> list[str] | None:
+        """Names in `fencegate_migrations`; None when the table does not exist."""
+        found = await self._db.fetch(self.queries.migrations_table, (), timeout=timeout)
+        if not found or not next(iter(found[0].values())):
+            return None
+        rows = await self._db.fetch(self.queries.applied_migrations, (), timeout=timeout)
+        return [str(row["name"]) for row in rows]
+
+    async def close(self) -> None:
+        await self._db.close()

@@ -11,19 +11,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any
 
 import asyncpg
 import orjson
 
 from fencegate.errors import StoreUnavailable
 from fencegate.store.base import (
-    DEFAULT_FENCE_TTL_SECONDS,
     DecideRequest,
     Decision,
+    GatewayStore,
     KeyRecord,
     Outcome,
-    PurgeCounts,
     Reservation,
     ResolveResult,
     StoredResponse,
@@ -126,12 +125,13 @@ def server_budget_ms(remaining: float) -> float:
     return max(remaining - min(0.2, remaining * 0.2), 0.001) * 1000.0
 
 
-class PostgresGatewayStore:
-    kind: Literal["postgresql", "sqlite"] = "postgresql"
+class PostgresGatewayStore(GatewayStore):
+    kind = "postgresql"
+    queries = Q
+    _db: PgDatabase
 
     def __init__(self, db: PgDatabase, *, history: bool = True) -> None:
-        self._db = db
-        self.history = history
+        super().__init__(db, history=history)
         # One round trip at a time: what arrives meanwhile waits for it and goes in the next,
         # so each commit (and its WAL flush) carries more requests. A second concurrent round
         # trip would mostly wait for the same flush, and costs its own commit.
@@ -226,45 +226,6 @@ class PostgresGatewayStore:
         )
         return row is not None
 
-    async def purge(
-        self,
-        *,
-        fence_ttl_seconds: float = DEFAULT_FENCE_TTL_SECONDS,
-        batch_size: int = 1000,
-        timeout: float,
-    ) -> PurgeCounts:
-        """Delete in batches so that no single statement holds many row locks for long;
-        `timeout` bounds each batch."""
-        keys = await self._purge_table(Q.purge_keys, batch_size, timeout=timeout)
-        fences = await self._purge_table(
-            Q.purge_fences, batch_size, float(fence_ttl_seconds), timeout=timeout
-        )
-        nonces = await self._purge_table(Q.purge_nonces, batch_size, timeout=timeout)
-        decisions = await self._purge_table(Q.purge_decisions, batch_size, timeout=timeout)
-        return PurgeCounts(keys=keys, fences=fences, nonces=nonces, decisions=decisions)
-
-    async def _purge_table(self, sql: str, batch_size: int, *extra: Any, timeout: float) -> int:
-        total = 0
-        while True:
-            status = await self._db.run(
-                lambda conn: conn.execute(sql, batch_size, *extra), timeout=timeout
-            )
-            deleted = int(status.rsplit(" ", 1)[-1])
-            total += deleted
-            if deleted < batch_size:
-                return total
-
-    async def ping(self, *, timeout: float) -> None:
-        await self._db.run(lambda conn: conn.fetchval(Q.ping), timeout=timeout)
-
-    async def applied_migrations(self, *, timeout: float) -> list[str] | None:
-        async def read(conn: asyncpg.Connection) -> list[str] | None:
-            if not await conn.fetchval(Q.migrations_table):
-                return None
-            return [str(r["name"]) for r in await conn.fetch(Q.applied_migrations)]
-
-        return await self._db.run(read, timeout=timeout)
-
     async def get_key(self, tenant: str, key: str, *, timeout: float) -> KeyRecord | None:
         row = await self._db.run(
             lambda conn: conn.fetchrow(Q.get_key, tenant, key), timeout=timeout
@@ -300,6 +261,3 @@ class PostgresGatewayStore:
             return done
         found = await self.get_key(tenant, key, timeout=timeout)
         return ResolveResult.NOT_FOUND if found is None else ResolveResult.NOT_UNKNOWN
-
-    async def close(self) -> None:
-        await self._db.close()

@@ -14,17 +14,16 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 import orjson
 
 from fencegate.store.base import (
-    DEFAULT_FENCE_TTL_SECONDS,
     DecideRequest,
     Decision,
+    GatewayStore,
     KeyRecord,
     Outcome,
-    PurgeCounts,
     Reservation,
     ResolveResult,
     StoredResponse,
@@ -248,12 +247,13 @@ def _resolve(
     return run
 
 
-class SQLiteGatewayStore:
-    kind: Literal["postgresql", "sqlite"] = "sqlite"
+class SQLiteGatewayStore(GatewayStore):
+    kind = "sqlite"
+    queries = Q
+    _db: SQLiteDatabase
 
     def __init__(self, db: SQLiteDatabase, *, history: bool = True) -> None:
-        self._db = db
-        self.history = history
+        super().__init__(db, history=history)
         # One connection on one thread: a single batch at a time, and each batch is one
         # thread hand-off and one transaction however many calls it carries.
         self._decider: Batcher[DecideRequest, Decision] = Batcher(
@@ -350,47 +350,6 @@ class SQLiteGatewayStore:
 
         return await self._db.run(run, timeout=timeout, write=True)
 
-    async def purge(
-        self,
-        *,
-        fence_ttl_seconds: float = DEFAULT_FENCE_TTL_SECONDS,
-        batch_size: int = 1000,
-        timeout: float,
-    ) -> PurgeCounts:
-        """Delete in batches so that other processes get the write lock in between;
-        `timeout` bounds each batch."""
-        batch = {"batch": batch_size}
-        return PurgeCounts(
-            keys=await self._purge(Q.purge_keys, batch, timeout),
-            fences=await self._purge(
-                Q.purge_fences, batch | {"fence_ttl": float(fence_ttl_seconds)}, timeout
-            ),
-            nonces=await self._purge(Q.purge_nonces, batch, timeout),
-            decisions=await self._purge(Q.purge_decisions, batch, timeout),
-        )
-
-    async def _purge(self, sql: str, params: dict[str, Any], timeout: float) -> int:
-        def run(conn: sqlite3.Connection) -> int:
-            return conn.execute(sql, params).rowcount
-
-        total = 0
-        while True:
-            deleted = await self._db.run(run, timeout=timeout, write=True)
-            total += deleted
-            if deleted < params["batch"]:
-                return total
-
-    async def ping(self, *, timeout: float) -> None:
-        await self._db.run(lambda conn: conn.execute(Q.ping).fetchone(), timeout=timeout)
-
-    async def applied_migrations(self, *, timeout: float) -> list[str] | None:
-        def read(conn: sqlite3.Connection) -> list[str] | None:
-            if conn.execute(Q.migrations_table).fetchone() is None:
-                return None
-            return [str(r[0]) for r in conn.execute(Q.applied_migrations)]
-
-        return await self._db.run(read, timeout=timeout)
-
     async def get_key(self, tenant: str, key: str, *, timeout: float) -> KeyRecord | None:
         def read(conn: sqlite3.Connection) -> KeyRecord | None:
             now = clock(conn)
@@ -412,6 +371,3 @@ class SQLiteGatewayStore:
         return await self._db.run(
             _resolve(tenant, key, response, resolved_by), timeout=timeout, write=True
         )
-
-    async def close(self) -> None:
-        await self._db.close()

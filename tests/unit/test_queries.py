@@ -18,6 +18,9 @@ DRIVERS: list[tuple[str, StoreKind, str]] = [
     ("store/sqlite.py", "sqlite", "Q"),
     ("lease/drivers/postgres.py", "postgresql", "Q"),
     ("lease/drivers/sqlite.py", "sqlite", "Q"),
+    # What both gateway stores do alike runs each store's queries of the same names.
+    ("store/base.py", "postgresql", "self.queries"),
+    ("store/base.py", "sqlite", "self.queries"),
     # The reads both lease drivers share run each store's queries of the same names.
     ("lease/drivers/base.py", "postgresql", "self.queries"),
     ("lease/drivers/base.py", "sqlite", "self.queries"),

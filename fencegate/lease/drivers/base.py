@@ -2,9 +2,10 @@
 
 A driver runs named statements (``sql/<store>/queries/lease.sql``) on the storage core's
 connection layer (`fencegate.store.pg`, `fencegate.store.sqlite_db`), which owns deadlines
-and the error rule. The reads are the same on both stores: a named query with positional
-parameters (``$1`` on PostgreSQL, ``?1`` on SQLite), whose rows become records here. Only
-how a column value is decoded differs (`Decoding`).
+and the error rule; `Driver` holds that `Database`, each subclass is one backend's. The
+reads are the same on both stores: a named query with positional parameters (``$1`` on
+PostgreSQL, ``?1`` on SQLite), whose rows become records here. Only how a column value is
+decoded differs (`Decoding`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from fencegate.lease.models import (
     Scheduling,
     StageRecord,
 )
+from fencegate.store.backends import NamedQueries
 from fencegate.store.queries import Queries
 
 
@@ -131,8 +133,12 @@ class Driver(abc.ABC):
 
     queries: Queries
     decoding: Decoding
-    # Statements (PostgreSQL) or transactions (SQLite) sent so far: how batching is seen.
-    round_trips: int
+
+    def __init__(self, db: NamedQueries) -> None:
+        self._db = db
+        # Statements (PostgreSQL) or transactions (SQLite) sent so far: how batching is
+        # seen (tests, benchmarks).
+        self.round_trips = 0
 
     @abc.abstractmethod
     async def _fetch(self, sql: str, args: Sequence[Any], *, timeout: float) -> Sequence[Row]:

@@ -175,11 +175,11 @@ class PostgresDriver(Driver):
     queries = Q
     decoding = DECODING
 
+    _db: PgDatabase
+
     def __init__(self, db: PgDatabase) -> None:
-        self._db = db
+        super().__init__(db)
         self._notifications = _Notifications(db)
-        # Statements sent, so that batching can be observed (tests, benchmarks).
-        self.round_trips = 0
 
     async def close(self) -> None:
         await self._notifications.close()

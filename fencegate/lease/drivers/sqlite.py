@@ -233,10 +233,10 @@ class SQLiteDriver(Driver):
     queries = Q
     decoding = DECODING
 
+    _db: SQLiteDatabase
+
     def __init__(self, db: SQLiteDatabase) -> None:
-        self._db = db
-        # Transactions sent, so that batching can be observed (tests, benchmarks).
-        self.round_trips = 0
+        super().__init__(db)
         self._held_back: set[str | None] = set()
 
     async def opened(self, *, timeout: float) -> None:

@@ -115,23 +115,23 @@ SELECT name FROM fencegate_migrations ORDER BY name;
 -- name: purge_keys
 DELETE FROM fencegate_idempotency_keys WHERE (tenant, key) IN (
     SELECT tenant, key FROM fencegate_idempotency_keys
-    WHERE expires_at <= (julianday('now') - 2440587.5) * 86400.0 LIMIT :batch);
+    WHERE expires_at <= (julianday('now') - 2440587.5) * 86400.0 LIMIT ?1);
 
 -- name: purge_fences
 DELETE FROM fencegate_fences WHERE (tenant, entity) IN (
     SELECT tenant, entity FROM fencegate_fences
-    WHERE updated_at <= (julianday('now') - 2440587.5) * 86400.0 - :fence_ttl LIMIT :batch);
+    WHERE updated_at <= (julianday('now') - 2440587.5) * 86400.0 - ?2 LIMIT ?1);
 
 -- name: purge_nonces
 DELETE FROM fencegate_signature_nonces WHERE (key_id, nonce) IN (
     SELECT key_id, nonce FROM fencegate_signature_nonces
-    WHERE expires_at <= (julianday('now') - 2440587.5) * 86400.0 LIMIT :batch);
+    WHERE expires_at <= (julianday('now') - 2440587.5) * 86400.0 LIMIT ?1);
 
 -- name: purge_decisions
 -- Oldest first along the primary key (rows are inserted in time order).
 DELETE FROM fencegate_decisions WHERE id IN (
     SELECT id FROM fencegate_decisions
-    WHERE expires_at <= (julianday('now') - 2440587.5) * 86400.0 ORDER BY id LIMIT :batch);
+    WHERE expires_at <= (julianday('now') - 2440587.5) * 86400.0 ORDER BY id LIMIT ?1);
 
 -- name: ping
 SELECT 1;
