@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import inspect
 import logging
 import os
 import signal
@@ -55,7 +56,7 @@ from fencegate.lease.execution import (
     PermanentError,
 )
 from fencegate.lease.heartbeat import HeartbeatController, RenewingStore
-from fencegate.lease.job import JobContext, invoke
+from fencegate.lease.job import JobContext
 from fencegate.lease.metrics import WorkerMetrics
 from fencegate.lease.policy import fails_for_good
 
@@ -157,7 +158,7 @@ class Worker:
         self._waiting = 0
         self._slot_queue: collections.deque[asyncio.Future[bool]] = collections.deque()
         self._slot_freed: asyncio.Future[None] | None = None
-        self._tool_tasks: dict[Execution, asyncio.Task[Any]] = {}
+        self._tool_tasks: dict[Execution, asyncio.Future[Any]] = {}
         self._shutting_down: set[Execution] = set()
 
     # -- public ---------------------------------------------------------------------------
@@ -452,7 +453,7 @@ class Worker:
             self.metrics.reclaimed_jobs.labels(*labels).inc()
         self.metrics.live.add(labels, execution)
         loop = asyncio.get_running_loop()
-        tool: list[asyncio.Task[Any]] = []
+        tool: list[asyncio.Future[Any]] = []
 
         def cancel_from_controller() -> None:
             # Before the tool started there is nothing to cancel: the lost state is seen
@@ -496,17 +497,18 @@ class Worker:
         job.emit("job_released", released=bool(given_back), duration_seconds=0.0)
         self._outcome(job.lease, "released")
 
-    async def _run_tool_and_settle(self, job: JobContext, tool: list[asyncio.Task[Any]]) -> None:
+    async def _run_tool_and_settle(self, job: JobContext, tool: list[asyncio.Future[Any]]) -> None:
         assert self._controller is not None
         execution = job.execution
         lease = execution.lease
-        tool_task = asyncio.get_running_loop().create_task(invoke(self.tools[job.kind], job))
-        tool.append(tool_task)
-        self._tool_tasks[execution] = tool_task
         started = time.monotonic()
         execution.start_tool(timeout=lease.tool_timeout_seconds, now=started)
+        tool_task = _start_tool(self.tools[job.kind], job)
+        tool.append(tool_task)
+        self._tool_tasks[execution] = tool_task
         try:
-            await asyncio.wait({tool_task}, timeout=lease.tool_timeout_seconds)
+            if not tool_task.done():
+                await asyncio.wait({tool_task}, timeout=lease.tool_timeout_seconds)
             timed_out = not tool_task.done()
             if timed_out:
                 tool_task.cancel()
@@ -520,7 +522,7 @@ class Worker:
         await self._settle(job, tool_task, timed_out=timed_out, duration=time.monotonic() - started)
 
     async def _settle(
-        self, job: JobContext, tool_task: asyncio.Task[Any], *, timed_out: bool, duration: float
+        self, job: JobContext, tool_task: asyncio.Future[Any], *, timed_out: bool, duration: float
     ) -> None:
         execution = job.execution
         duration = round(duration, 3)
@@ -705,3 +707,33 @@ def run_worker(*workers: Worker) -> None:
                 loop.remove_signal_handler(sig)
 
     asyncio.run(main())
+
+
+def _start_tool(tool: Tool, job: JobContext) -> asyncio.Future[Any]:
+    """The tool's outcome as a future. A plain function runs here and now: it holds the loop
+    until it returns, so a task of its own could neither time it out nor cancel it, and would
+    cost a task, its scheduling and a wait per job. A coroutine (an ``async def`` tool, or an
+    awaitable a plain function returns) runs in a task of its own, which the timeout, the
+    heartbeat's loss of the lease and the shutdown cancel."""
+    loop = asyncio.get_running_loop()
+    outcome: asyncio.Future[Any] = loop.create_future()
+    try:
+        result = tool(job)
+    except asyncio.CancelledError:
+        outcome.cancel()
+        return outcome
+    except StopIteration as exc:
+        # As a coroutine would have it: a future cannot carry StopIteration.
+        outcome.set_exception(RuntimeError(f"tool raised StopIteration: {exc!r}"))
+        return outcome
+    except Exception as exc:
+        outcome.set_exception(exc)
+        return outcome
+    if inspect.isawaitable(result):
+        return loop.create_task(_awaited(result))
+    outcome.set_result(result)
+    return outcome
+
+
+async def _awaited(awaitable: Awaitable[Any]) -> Any:
+    return await awaitable

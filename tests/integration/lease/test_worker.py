@@ -395,6 +395,59 @@ async def test_a_plain_function_can_be_a_tool(store_url: str, queue: LeaseQueue)
     assert (job.state, job.result) == ("succeeded", "invoice")
 
 
+async def test_a_plain_function_tool_runs_without_a_task_of_its_own(
+    store_url: str, queue: LeaseQueue
+) -> None:
+    """A plain function holds the loop until it returns, so it runs in its job's own task:
+    one task per job, not two (the worker's own tasks, claims and commits, are shared)."""
+    jobs = 400
+    await queue.enqueue_many([{"kind": "plain", "payload": n, **SHORT} for n in range(jobs)])
+    loop = asyncio.get_running_loop()
+    created = 0
+    factory = loop.get_task_factory()
+
+    def counting(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:
+        nonlocal created
+        created += 1
+        return asyncio.Task(coro, loop=loop, **kwargs)
+
+    worker = make_worker(store_url, {"plain": lambda job: job.payload}, concurrency=10)
+    loop.set_task_factory(counting)
+    try:
+        await asyncio.wait_for(worker.run_until_idle(), 60)
+    finally:
+        loop.set_task_factory(factory)
+    assert len(worker.events.named("result_committed")) == jobs
+    assert created < jobs * 3 // 2, f"{created} tasks for {jobs} jobs"
+
+
+async def test_a_plain_function_may_return_an_awaitable_or_raise(
+    store_url: str, queue: LeaseQueue
+) -> None:
+    async def later(n: int) -> int:
+        await asyncio.sleep(0)
+        return n * 3
+
+    def tool(job: JobContext) -> Any:
+        if job.payload == "permanent":
+            raise PermanentError("no")
+        if job.payload == "stop":
+            raise StopIteration
+        return later(job.payload)
+
+    ids = [
+        await queue.enqueue("mixed", payload, idempotency_key=f"m:{payload}", **SHORT)
+        for payload in (2, "permanent", "stop")
+    ]
+    worker = make_worker(store_url, {"mixed": tool})
+    await asyncio.wait_for(worker.run_until_idle(), 60)
+    awaited, permanent, stopped = [await queue.get(job_id) for job_id in ids]
+    assert (awaited.state, awaited.result) == ("succeeded", 6)
+    assert (permanent.state, permanent.attempt) == ("failed", 1)
+    # Not a permanent error: retried like any other, until the attempts run out.
+    assert stopped.state in ("queued", "failed")
+
+
 async def test_a_result_the_store_cannot_hold_fails_the_job(
     store_url: str, queue: LeaseQueue
 ) -> None:
