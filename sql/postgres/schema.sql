@@ -646,7 +646,7 @@ CREATE INDEX fencegate_jobs_queued_any ON fencegate_jobs USING btree (priority D
 
 -- Name: fencegate_jobs_running; Type: INDEX
 
-CREATE INDEX fencegate_jobs_running ON fencegate_jobs USING btree (kind, id) WHERE (state = 'running'::text);
+CREATE INDEX fencegate_jobs_running ON fencegate_jobs USING btree (kind, lease_until) WHERE (state = 'running'::text);
 
 -- Name: fencegate_signature_nonces_expires_at; Type: INDEX
 

@@ -1,0 +1,2 @@
+-- Nothing to change on SQLite (see the PostgreSQL migration of the same name): its running
+-- jobs' index is already keyed by lease end.
