@@ -186,8 +186,10 @@ class PgDatabase:
         # What the last new connection found about replication (None: not checked).
         self.replication = replication
         self.closed = False
-        # The connection `run_held` keeps between its calls (None: none taken yet).
+        # The connection `run_held` keeps between its calls (None: none taken yet), and
+        # whether a call is running on it (closing then leaves it to that call).
         self._held: Any = None
+        self._held_busy = False
 
     @classmethod
     async def connect(
@@ -352,6 +354,7 @@ class PgDatabase:
             except Exception as exc:
                 raise unsent(unavailable(exc, timeout)) from exc
             self._held = conn
+        self._held_busy = True
         try:
             async with asyncio.timeout_at(loop_deadline):
                 local_sql = self._local.sql
@@ -364,10 +367,16 @@ class PgDatabase:
             # As in `run`: the connection's state is unknown, so it is closed at once.
             with contextlib.suppress(Exception):
                 conn.terminate()
+            self._held_busy = False
             await self._give_back_held()
             if isinstance(exc, Exception):
                 raise unavailable(exc, timeout) from exc
             raise
+        finally:
+            self._held_busy = False
+            if self.closed:
+                # Closed while this call ran: the pool's close waits for the connection.
+                await self._give_back_held()
 
     async def _give_back_held(self) -> None:
         conn, self._held = self._held, None
@@ -390,7 +399,8 @@ class PgDatabase:
 
     async def close(self) -> None:
         self.closed = True
-        await self._give_back_held()
+        if not self._held_busy:
+            await self._give_back_held()
         try:
             await asyncio.wait_for(self.pool.close(), 5.0)
         except Exception:

@@ -596,3 +596,32 @@ async def test_postgres_steps_survive_their_connection_closing_while_idle(pg_url
         assert second.outcome is Outcome.RESERVED
     finally:
         await store.close()
+
+
+async def test_postgres_closing_lets_a_step_in_flight_finish(pg_url: str) -> None:
+    """Closing the store while a step runs on the connection the steps keep waits for that
+    step, as closing the pool waits for a connection in use, instead of taking the
+    connection from under it."""
+    store = await open_gateway_store(pg_url)
+    closing: asyncio.Task[None] | None = None
+    try:
+        first = replace(BASE, key="k-first", entity="acct-close", fence=1)
+        assert (await store.decide(first, timeout=T)).outcome is Outcome.RESERVED
+        lock = await hold_fence_row(pg_url, "t1", "acct-close")
+        try:
+            fenced = replace(BASE, key="k-close", entity="acct-close", fence=2)
+            deciding = asyncio.create_task(store.decide(fenced, timeout=T))
+            await wait_until(lambda: store_busy(pg_url), timeout=T, what="the step to wait")
+            closing = asyncio.create_task(store.close())
+            db = getattr(store, "_db")  # noqa: B009 - the pool behind the store
+            await wait_until(lambda: db.closed, timeout=T, what="the store to start closing")
+        finally:
+            await lock.execute("COMMIT")
+            await lock.close()
+        decision = await deciding
+        assert decision.outcome is Outcome.RESERVED
+    finally:
+        if closing is None:
+            await store.close()
+        else:
+            await asyncio.wait_for(closing, T)
