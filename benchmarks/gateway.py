@@ -1,7 +1,7 @@
 """Gateway throughput and latency, side by side in one run, then a profile of the gateway.
 
     .venv/bin/python -m benchmarks.gateway [--concurrency 16,64] [--rounds 2] [--duration 3]
-        [--only TEXT,...] [--compare LABEL=PYTHON ...]
+        [--only TEXT ...] [--compare LABEL=PYTHON ...]
 
 Every server is its own uvicorn process (one worker) on loopback, and the load comes from
 another process (`benchmarks.loadgen`). For each concurrency, two tables, each measured in
@@ -613,11 +613,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--only",
-        type=lambda text: [part for part in text.split(",") if part],
+        action="append",
         default=[],
-        metavar="TEXT,...",
-        help="measure only the gateway rows whose name contains one of these (the upstream "
-        "and the bare proxy are always measured)",
+        metavar="TEXT",
+        # Row names contain commas ("fencegate PG, replay"), so each text is taken whole.
+        help="measure only the gateway rows whose name contains TEXT; may be repeated (the "
+        "upstream and the bare proxy are always measured)",
     )
     args = parser.parse_args(argv)
     started = time.monotonic()
