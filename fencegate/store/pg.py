@@ -107,8 +107,9 @@ def statement_cache(target: DatabaseURL) -> dict[str, Any]:
 async def single_connection(
     target: DatabaseURL, *, timeout: float, settings: dict[str, str] | None = None
 ) -> AsyncIterator[asyncpg.Connection]:
-    """One connection outside any pool (a command's check), with ``settings``: start-up
-    parameters, or behind a transaction pooler SET LOCAL in a transaction around the block."""
+    """One connection outside any pool (a command's check, the migrations), with
+    ``settings``: start-up parameters, or behind a transaction pooler SET LOCAL in a
+    transaction around the block."""
     startup, local = _split_settings(settings or {}, transaction_pooling=target.transaction_pooling)
     conn = await asyncpg.connect(
         target.dsn, timeout=timeout, server_settings=startup or None, **statement_cache(target)
@@ -207,16 +208,14 @@ class PgDatabase:
         index_scans: bool = False,
         require_synchronous_replication: bool = False,
     ) -> PgDatabase:
-        """A pool on ``target``. ``generic_plans`` for callers whose every statement is a
-        lookup by key: PostgreSQL then plans each prepared statement once. Statements with
-        optional filters (``$1 IS NULL OR col = $1``, the operator's reads) need the default,
-        a plan for the values given. ``index_scans`` for statements that reach every row of
-        their growing tables through an index (the lease queue): no sequential scans
-        (``enable_seqscan = off``), so that the plan the server keeps after a statement's
-        first executions (a generic plan, when it costs no more than planning each call),
-        made while the tables were small, cannot scan them whole once they have grown; which
-        plan is kept stays the server's choice (``auto``), so a read with optional filters
-        keeps a plan for the values given.
+        """A pool on ``target``. ``generic_plans`` for callers whose statements find their
+        rows by key or through an index whatever the values (the gateway, the lease queue):
+        PostgreSQL then plans each prepared statement once. Statements with optional filters
+        over large tables (``$1 IS NULL OR col = $1``, the operator's reads) need the
+        default, a plan for the values given. ``index_scans`` for statements that reach
+        every row of their growing tables through an index (the lease queue): no sequential
+        scans (``enable_seqscan = off``), so that a plan made while the tables were small
+        cannot scan them whole once they have grown.
 
         Every new connection (at start, and each one opened after a failure or a failover)
         checks the server's replication: asynchronous standbys are warned about once, or with

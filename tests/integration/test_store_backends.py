@@ -61,7 +61,7 @@ async def test_each_part_is_built_over_the_layer_it_gets_with_its_own_pool(pg_ur
             "on",
             2,
         )
-        assert await settings_of(lease_db) == ("fencegate-lease", "auto", "off", 1)
+        assert await settings_of(lease_db) == ("fencegate-lease", "force_generic_plan", "off", 1)
         assert gateway_db.pool.get_max_size() == 5 and lease_db.pool.get_max_size() == 3
     finally:
         await store.close()

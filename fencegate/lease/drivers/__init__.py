@@ -27,6 +27,10 @@ LEASE: Part[Driver] = Part(
         # instead cost the claim about 1 ms per batch; with sequential scans off, the plan
         # kept is an index plan at any size (tests/integration/lease/test_claim_plan.py).
         "index_scans": True,
+        # And the generic plan always: left to choose, the server kept planning the claim
+        # on every call where most jobs had finished (their rows skew its estimates), at
+        # twice the cost of the kept plan (benchmarks/README.md, the backlog table).
+        "generic_plans": True,
     },
 )
 
