@@ -14,7 +14,7 @@ from typing import Literal
 import asyncpg
 
 from fencegate.store.dburl import parse_database_url
-from fencegate.store.pg import statement_cache
+from fencegate.store.pg import single_connection
 from fencegate.store.sqlfiles import store_folder
 from fencegate.store.sqlite_db import SQLiteDatabase, write_transaction
 
@@ -108,11 +108,10 @@ async def migrate(database_url: str | None, *, timeout: float = 60.0) -> list[st
     """Apply pending migrations to the store a URL names; returns the names applied."""
     target = parse_database_url(database_url)
     if target.kind == "postgresql":
-        conn = await asyncpg.connect(target.dsn, timeout=timeout, **statement_cache(target))
-        try:
+        # One connection outside any pool, as the connection layer opens it for a command:
+        # `timeout` bounds the connect and the close, not the migrations themselves.
+        async with single_connection(target, timeout=timeout) as conn:
             return await migrate_postgres(conn, schema=target.schema)
-        finally:
-            await conn.close()
     assert target.sqlite_path is not None
     db = SQLiteDatabase(target.sqlite_path)
     try:
