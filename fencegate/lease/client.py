@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import aiohttp
 import orjson
@@ -20,9 +20,6 @@ from fencegate.lease import spans as lease_spans
 from fencegate.lease.events import digest
 from fencegate.types import RequestSigner
 
-if TYPE_CHECKING:
-    from fencegate.lease.job import JobContext
-
 IDEMPOTENCY_KEY = "Idempotency-Key"
 EXECUTION_FENCE = "X-Execution-Fence"
 EXECUTION_ENTITY = "X-Execution-Entity"
@@ -31,7 +28,27 @@ REQUEST_ID = "X-Request-Id"
 _NO_JSON: Any = object()
 
 
-def fence_headers(job: JobContext, *, step: str, entity: str | None) -> dict[str, str]:
+class FencedJob(Protocol):
+    """What a fenced client needs of the job it sends for (`fencegate.lease.job.JobContext`
+    has it): the key and fence to send, the last ownership check, the event log."""
+
+    @property
+    def fencing_token(self) -> int: ...
+
+    @property
+    def default_entity(self) -> str: ...
+
+    @property
+    def current_stage(self) -> str | None: ...
+
+    def step_key(self, step: str) -> str: ...
+
+    def guard(self) -> None: ...
+
+    def emit(self, event: str, **fields: Any) -> None: ...
+
+
+def fence_headers(job: FencedJob, *, step: str, entity: str | None) -> dict[str, str]:
     headers = {
         IDEMPOTENCY_KEY: job.step_key(step),
         EXECUTION_FENCE: str(job.fencing_token),
@@ -43,7 +60,7 @@ def fence_headers(job: JobContext, *, step: str, entity: str | None) -> dict[str
 
 
 def start_request(
-    job: JobContext,
+    job: FencedJob,
     *,
     method: str,
     url: str,
@@ -66,7 +83,7 @@ def start_request(
     )
 
 
-def default_step(job: JobContext, method: str, path: str) -> str:
+def default_step(job: FencedJob, method: str, path: str) -> str:
     step = f"{method.upper()} {path or '/'}"
     return f"{job.current_stage}:{step}" if job.current_stage else step
 
@@ -80,7 +97,7 @@ class FencedClient:
 
     def __init__(
         self,
-        job: JobContext,
+        job: FencedJob,
         session: aiohttp.ClientSession,
         *,
         entity: str | None = None,

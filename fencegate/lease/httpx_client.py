@@ -14,15 +14,17 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Generator
-from typing import TYPE_CHECKING
 
 import httpx
 
-from fencegate.lease.client import REQUEST_ID, default_step, fence_headers, start_request
+from fencegate.lease.client import (
+    REQUEST_ID,
+    FencedJob,
+    default_step,
+    fence_headers,
+    start_request,
+)
 from fencegate.types import RequestSigner
-
-if TYPE_CHECKING:
-    from fencegate.lease.job import JobContext
 
 STEP_EXTENSION = "fencegate_step"
 ENTITY_EXTENSION = "fencegate_entity"
@@ -33,7 +35,7 @@ class FencedAuth(httpx.Auth):
 
     def __init__(
         self,
-        job: JobContext,
+        job: FencedJob,
         *,
         step: str | None = None,
         entity: str | None = None,
