@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import asyncpg
 
+from benchmarks.stats import percentile
 from fencegate.lease import LeaseQueue, RateLimit, WorkClass
 
 KIND = "backlog"
@@ -139,8 +140,6 @@ async def measure(
 
 def print_table(timings: list[Timings]) -> float:
     """Print the backlog table; returns the worst p50 over the best (plain claims)."""
-    from benchmarks.queue import percentile
-
     p50s = [percentile(t.claims_ms, 0.5) for t in timings]
     limited = [percentile(t.limited_ms, 0.5) for t in timings]
     best, best_limited = min(p50s), min(limited)

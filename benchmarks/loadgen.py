@@ -22,6 +22,8 @@ from typing import Any
 import aiohttp
 import orjson
 
+from benchmarks.stats import percentile
+
 BODY = orjson.dumps({"amount": 1250, "currency": "EUR", "customer": "c-1048"})
 
 
@@ -65,13 +67,6 @@ async def _worker(
         if started >= record_from:
             latencies.append(time.perf_counter() - started)
             statuses[status] += 1
-
-
-def _percentile(sorted_values: list[float], fraction: float) -> float:
-    if not sorted_values:
-        return float("nan")
-    index = min(len(sorted_values) - 1, round(fraction * (len(sorted_values) - 1)))
-    return sorted_values[index]
 
 
 async def run(
@@ -121,8 +116,8 @@ async def run(
         "requests": len(latencies),
         "all_requests": completed[0],
         "rps": len(latencies) / duration,
-        "p50_ms": _percentile(latencies, 0.50) * 1000,
-        "p99_ms": _percentile(latencies, 0.99) * 1000,
+        "p50_ms": percentile(latencies, 0.50) * 1000,
+        "p99_ms": percentile(latencies, 0.99) * 1000,
         "statuses": {str(k): v for k, v in sorted(statuses.items())},
         "errors": dict(errors),
     }

@@ -73,6 +73,7 @@ from prometheus_client import CollectorRegistry
 
 from benchmarks import backlog
 from benchmarks.cpu import backends_cpu, backends_spent
+from benchmarks.stats import percentile
 from fencegate.lease import Lease, LeaseQueue, Worker
 from fencegate.lease.events import EventLog
 from fencegate.lease.metrics import WorkerMetrics
@@ -140,12 +141,6 @@ async def fresh_database(server: str) -> AsyncIterator[str]:
             await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         finally:
             await conn.close()
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
-    return ordered[index]
 
 
 # -- fencegate ---------------------------------------------------------------------------
