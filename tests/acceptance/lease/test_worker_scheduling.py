@@ -95,10 +95,21 @@ async def test_limits_per_kind_and_per_key_hold_across_processes(
                 await asyncio.sleep(0.02)
             await until_exited(procs, timeout=120)
         jobs = await all_jobs(queue)
+        unfinished = {
+            j.id: (
+                j.state,
+                j.run_after,
+                [(a.owner_id, a.outcome) for a in await queue.attempts(j.id)],
+            )
+            for j in jobs
+            if j.state != "succeeded"
+        }
     finally:
         await queue.close()
 
-    assert [j.state for j in jobs] == ["succeeded"] * 30
+    # Which jobs did not finish, when they may run again and how each attempt ended: a lease
+    # lost under load is retried later, which the workers (--until-idle) leave for later.
+    assert len(jobs) == 30 and not unfinished, unfinished
     # From the database, while they ran.
     assert live_kind and max(live_kind) <= 3 and max(live_key) <= 1
     # From the tools' own clocks: never more than 3 at once, one per customer; and the limit
