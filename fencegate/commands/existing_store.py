@@ -12,8 +12,8 @@ import asyncio
 
 from fencegate.errors import CommandError, StoreUnavailable
 from fencegate.store.backends import applied_migrations_read_only, describe_store
-from fencegate.store.dburl import DatabaseURL, parse_database_url
-from fencegate.store.schema import SchemaMismatch, check_applied, redacted
+from fencegate.store.dburl import DatabaseURL, parse_database_url, redacted
+from fencegate.store.schema import SchemaMismatch, check_applied
 
 # The store as a person reads it in an error (kept under this name for the commands).
 store_name = describe_store

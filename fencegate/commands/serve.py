@@ -190,8 +190,9 @@ def check_store(config: GatewayConfig) -> StoreKind:
     database nobody migrated stops the start with one line naming `fencegate migrate`.
     Returns the store's kind."""
     from fencegate.store import open_gateway_store
+    from fencegate.store.dburl import redacted
     from fencegate.store.replication import ReplicationNotSynchronous
-    from fencegate.store.schema import SchemaMismatch, redacted, require_schema
+    from fencegate.store.schema import SchemaMismatch, require_schema
 
     settings = config.settings
 
@@ -228,7 +229,8 @@ def announce(
     """One line (or JSON object) at start-up: what this gateway fronts, what it records in,
     and what it demands of each route. The password of the database URL is hidden."""
     from fencegate.gateway.decisions import text_fields
-    from fencegate.store.schema import redacted, schema_version
+    from fencegate.store.dburl import redacted
+    from fencegate.store.schema import schema_version
 
     settings = config.settings
     policies = config.policies()

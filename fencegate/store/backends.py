@@ -19,10 +19,9 @@ from typing import Any, Generic, Protocol, TypeVar
 import asyncpg
 
 from fencegate.errors import StoreTimedOut, StoreUnavailable
-from fencegate.store.dburl import DatabaseURL, parse_database_url
+from fencegate.store.dburl import DatabaseURL, parse_database_url, redacted
 from fencegate.store.pg import PgDatabase, single_connection
 from fencegate.store.queries import Queries
-from fencegate.store.schema import redacted
 from fencegate.store.sqlite_db import SQLiteDatabase
 
 Database = PgDatabase | SQLiteDatabase

@@ -92,3 +92,14 @@ def parse_database_url(url: str | None) -> DatabaseURL:
             raise ValueError("an in-memory SQLite store cannot be shared; give a file path")
         return DatabaseURL("sqlite", url, Path(path))
     raise ValueError(f"unsupported database URL {url!r}: use postgresql://… or sqlite:///path.db")
+
+
+def redacted(url: str | None) -> str:
+    """A database URL fit for a log line or an error message: no password."""
+    if not url:
+        return "sqlite:///fencegate.db"
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))

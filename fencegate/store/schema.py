@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import shlex
 from typing import Literal
-from urllib.parse import urlsplit, urlunsplit
 
 from fencegate.errors import FencegateError
 from fencegate.store.base import GatewayStore
-from fencegate.store.dburl import parse_database_url
+from fencegate.store.dburl import parse_database_url, redacted
 from fencegate.store.migrations import migration_files
 
 
@@ -29,17 +28,6 @@ def needed_migrations(kind: Literal["postgresql", "sqlite"]) -> list[str]:
 def schema_version(kind: Literal["postgresql", "sqlite"]) -> str:
     """The newest migration this code needs, e.g. ``003_unknown_outcomes``."""
     return needed_migrations(kind)[-1].removesuffix(".sql")
-
-
-def redacted(url: str | None) -> str:
-    """A database URL fit for a log line or an error message: no password."""
-    if not url:
-        return "sqlite:///fencegate.db"
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def operator_store_argument(url: str | None) -> str:
