@@ -132,6 +132,13 @@ async def _pinned(conn: asyncpg.Connection, *, pinned: bool) -> AsyncIterator[No
         yield
 
 
+def _terminate(conn: Any) -> None:
+    """After a failed call the connection is in an unknown state (a query may still run on a
+    silent network): close it at once rather than reset it for the next caller."""
+    with contextlib.suppress(Exception):  # already dropped by the pool
+        conn.terminate()
+
+
 def _explain(exc: BaseException, timeout: float) -> StoreUnavailable:
     if "unsupported startup parameter" in str(exc):
         return StoreUnavailable(
@@ -299,31 +306,14 @@ class PgDatabase:
             raise StoreClosed("the PostgreSQL pool is closed")
         deadline = time.monotonic() + timeout
         loop_deadline = asyncio.get_running_loop().time() + timeout
+        conn = await self._acquire(loop_deadline, timeout)
         try:
-            # One bound over the wait for a connection (and its opening) and the call:
-            # acquire(timeout=) would bound it again at the price of a task per call.
-            async with asyncio.timeout_at(loop_deadline):
-                conn = await self.pool.acquire()
+            return await self._call(conn, fn, loop_deadline)
         except Exception as exc:
-            raise unsent(unavailable(exc, timeout)) from exc
-        try:
-            async with asyncio.timeout_at(loop_deadline):
-                # A pooled connection is a proxy with the connection's whole interface.
-                local_sql = self._local.sql
-                if not local_sql:
-                    return await fn(cast(asyncpg.Connection, conn))
-                # Behind a transaction pooler a setting the server lacks holds only in a
-                # transaction: BEGIN, SET LOCAL, the call, COMMIT (see `LocalSettings`).
-                async with conn.transaction():
-                    await conn.execute(local_sql)
-                    return await fn(cast(asyncpg.Connection, conn))
-        except BaseException as exc:
-            # The connection is in an unknown state (a query may still run on a silent
-            # network): close it at once rather than wait to reset it for the next caller.
-            with contextlib.suppress(Exception):  # already dropped by the pool
-                conn.terminate()
-            if isinstance(exc, Exception):
-                raise unavailable(exc, timeout) from exc
+            _terminate(conn)
+            raise unavailable(exc, timeout) from exc
+        except BaseException:
+            _terminate(conn)
             raise
         finally:
             with contextlib.suppress(Exception):
@@ -342,31 +332,16 @@ class PgDatabase:
         if self.closed or self.pool.get_max_size() < 2:
             return await self.run(fn, timeout=timeout)
         loop_deadline = asyncio.get_running_loop().time() + timeout
-        conn = self._held
-        if conn is not None and _closed(conn):
+        if self._held is not None and _closed(self._held):
             await self._give_back_held()
-            conn = None
-        if conn is None:
-            try:
-                async with asyncio.timeout_at(loop_deadline):
-                    conn = await self.pool.acquire()
-            except Exception as exc:
-                raise unsent(unavailable(exc, timeout)) from exc
-            self._held = conn
+        if self._held is None:
+            self._held = await self._acquire(loop_deadline, timeout)
+        conn = self._held
         self._held_busy = True
         try:
-            async with asyncio.timeout_at(loop_deadline):
-                local_sql = self._local.sql
-                if not local_sql:
-                    return await fn(cast(asyncpg.Connection, conn))
-                async with conn.transaction():
-                    await conn.execute(local_sql)
-                    return await fn(cast(asyncpg.Connection, conn))
+            return await self._call(conn, fn, loop_deadline)
         except BaseException as exc:
-            # As in `run`: the connection's state is unknown, so it is closed at once.
-            with contextlib.suppress(Exception):
-                conn.terminate()
-            self._held_busy = False
+            _terminate(conn)
             await self._give_back_held()
             if isinstance(exc, Exception):
                 raise unavailable(exc, timeout) from exc
@@ -376,6 +351,29 @@ class PgDatabase:
             if self.closed:
                 # Closed while this call ran: the pool's close waits for the connection.
                 await self._give_back_held()
+
+    async def _acquire(self, loop_deadline: float, timeout: float) -> Any:
+        """A pooled connection within the call's bound: acquire(timeout=) would bound it
+        again at the price of a task per call."""
+        try:
+            async with asyncio.timeout_at(loop_deadline):
+                return await self.pool.acquire()
+        except Exception as exc:
+            raise unsent(unavailable(exc, timeout)) from exc
+
+    async def _call(
+        self, conn: Any, fn: Callable[[asyncpg.Connection], Awaitable[T]], loop_deadline: float
+    ) -> T:
+        async with asyncio.timeout_at(loop_deadline):
+            # A pooled connection is a proxy with the connection's whole interface.
+            local_sql = self._local.sql
+            if not local_sql:
+                return await fn(cast(asyncpg.Connection, conn))
+            # Behind a transaction pooler a setting the server lacks holds only in a
+            # transaction: BEGIN, SET LOCAL, the call, COMMIT (see `LocalSettings`).
+            async with conn.transaction():
+                await conn.execute(local_sql)
+                return await fn(cast(asyncpg.Connection, conn))
 
     async def _give_back_held(self) -> None:
         conn, self._held = self._held, None
