@@ -10,7 +10,6 @@ import json
 import subprocess
 import sys
 import threading
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -25,6 +24,7 @@ from fencegate.lease import LeaseQueue
 from tests.support.gateway import GatewayProcess
 from tests.support.processes import child_env
 from tests.support.raw_upstream import RawUpstream
+from tests.support.waits import wait_until_sync
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -81,13 +81,12 @@ class OtlpReceiver:
         self._server.server_close()
 
     def wait_for(self, name: str, timeout: float = 20.0) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            found = [s for s in self.spans if s["name"] == name]
-            if found:
-                return found[0]
-            time.sleep(0.05)
-        raise AssertionError(f"no span {name!r} within {timeout}s; got {self.spans}")
+        found = wait_until_sync(
+            lambda: [s for s in self.spans if s["name"] == name],
+            timeout=timeout,
+            what=f"a span {name!r}",
+        )
+        return found[0]
 
 
 def _value(value: Any) -> Any:
@@ -160,14 +159,15 @@ def test_a_replay_and_a_stale_fence_are_spans_with_their_decision(
         post(f"{gateway.url}/v1/charges", {**headers, "X-Execution-Fence": "19",
                                            "Idempotency-Key": "charge:inv-8b"})  # fmt: skip
     assert refused.value.code == 412
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        decisions = [s["attributes"].get("fencegate.decision") for s in receiver.spans]
-        if {"forwarded", "replayed", "stale_fence"} <= set(decisions):
-            break
-        time.sleep(0.05)
-    decisions = [s["attributes"].get("fencegate.decision") for s in receiver.spans]
-    assert {"forwarded", "replayed", "stale_fence"} <= set(decisions), decisions
+
+    def decisions() -> set[Any]:
+        return {s["attributes"].get("fencegate.decision") for s in receiver.spans}
+
+    wait_until_sync(
+        lambda: {"forwarded", "replayed", "stale_fence"} <= decisions(),
+        timeout=20,
+        what="spans for the forwarded, replayed and stale-fence decisions",
+    )
     [stale] = [s for s in receiver.spans if s["attributes"].get(DECISION) == "stale_fence"]
     assert stale["attributes"]["fencegate.problem"] == "stale-fence"
     children = [s["name"] for s in receiver.spans if s["parent"] == stale["span_id"]]
@@ -216,15 +216,11 @@ def test_one_trace_from_the_worker_through_the_gateway_to_the_upstream(
     assert attempt["attributes"]["fencegate.outcome"] == "succeeded"
     trace_id = attempt["trace_id"]
 
-    def gateway_span() -> dict[str, Any] | None:
-        found = [s for s in receiver.spans if s["name"] == "POST /" and s["trace_id"] == trace_id]
-        return found[0] if found else None
+    def gateway_spans() -> list[dict[str, Any]]:
+        return [s for s in receiver.spans if s["name"] == "POST /" and s["trace_id"] == trace_id]
 
-    deadline = time.monotonic() + 20
-    while gateway_span() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    server = gateway_span()
-    assert server is not None and server["parent"] == attempt["span_id"]
+    server = wait_until_sync(gateway_spans, timeout=20, what="the gateway's span in the trace")[0]
+    assert server["parent"] == attempt["span_id"]
     token = attempt["attributes"]["fencegate.fencing_token"]
     assert server["attributes"]["fencegate.fence"] == token
     assert server["attributes"]["fencegate.entity"] == f"job:{job}"
@@ -247,10 +243,11 @@ def test_the_console_exporter_prints_the_gateways_spans(tmp_path: Path) -> None:
             "traceparent": f"00-{TRACE_ID}-{CALLER_SPAN}-01",
         }
         post(f"{gateway.url}/v1/charges", caller)
-        deadline = time.monotonic() + 20
-        while '"fencegate.decision": "forwarded"' not in gateway.log_text():
-            assert time.monotonic() < deadline, gateway.log_text()
-            time.sleep(0.05)
+        wait_until_sync(
+            lambda: '"fencegate.decision": "forwarded"' in gateway.log_text(),
+            timeout=20,
+            what="the forwarded decision's span in the console exporter's output",
+        )
         text = gateway.log_text()
     assert f'"trace_id": "0x{TRACE_ID}"' in text and '"name": "POST /"' in text
 

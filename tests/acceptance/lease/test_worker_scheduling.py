@@ -15,6 +15,7 @@ from typing import Any
 
 from fencegate.lease import Job, LeaseQueue
 from tests.acceptance.lease.test_worker_kill import start_worker_process
+from tests.support.waits import wait_until
 
 INTERVALS = ("--lease-seconds", "3", "--heartbeat-seconds", "1", "--jitter-seconds", "1")
 SHORT = {"lease_seconds": 3.0, "heartbeat_seconds": 1.0, "jitter_seconds": 1.0}
@@ -80,9 +81,10 @@ async def test_limits_per_kind_and_per_key_hold_across_processes(
         args = ("--tool", "span", "--concurrency", "4", "--until-idle")
         limits = ("--max-running", "3", "--max-running-per-key", "1")
         async with worker_processes(store_url, tmp_path, 3, *args, *limits) as procs:
-            for _ in range(2000):  # sampled while they run, bounded
+
+            async def sampled_until_exited() -> bool:
                 if all(proc.poll() is not None for proc in procs):
-                    break
+                    return True
                 now = await queue.now()
                 running = [
                     j
@@ -92,7 +94,12 @@ async def test_limits_per_kind_and_per_key_hold_across_processes(
                 live_kind.append(len(running))
                 keys = [j.concurrency_key for j in running]
                 live_key.append(max((keys.count(k) for k in keys), default=0))
-                await asyncio.sleep(0.02)
+                return False
+
+            # Sampled from the database while they run, every 20 ms.
+            await wait_until(
+                sampled_until_exited, timeout=120, what="the workers to drain the queue"
+            )
             await until_exited(procs, timeout=120)
         jobs = await all_jobs(queue)
         unfinished = {
@@ -163,12 +170,16 @@ async def test_a_provider_rate_holds_over_ten_seconds_and_waiting_holds_no_lease
         rate = ("--provider", "stripe", "--rate", str(RATE))
         leased_while_waiting: list[Any] = []
         async with worker_processes(store_url, tmp_path, 2, *args, *rate) as procs:
-            for _ in range(600):  # about 30 s of samples at most
+
+            async def sampled_until_drained() -> bool:
                 waiting = await queue.list_jobs(state="queued", limit=jobs_count)
-                leased_while_waiting += [j.id for j in waiting if j.owner_id or j.lease_until]
-                if not waiting and not await queue.list_jobs(state="running", limit=1):
-                    break
-                await asyncio.sleep(0.1)
+                leased_while_waiting.extend(j.id for j in waiting if j.owner_id or j.lease_until)
+                return not waiting and not await queue.list_jobs(state="running", limit=1)
+
+            # Sampled every 100 ms; the rate needs about 12 s for all of them.
+            await wait_until(
+                sampled_until_drained, timeout=60, interval=0.1, what="the rated jobs to finish"
+            )
             for proc in procs:
                 proc.terminate()
             await until_exited(procs, timeout=60)

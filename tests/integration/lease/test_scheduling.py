@@ -10,6 +10,7 @@ import pytest
 
 from fencegate.lease import LeaseQueue, RateLimit, WorkClass
 from tests.integration.lease.test_queue import SHORT, wait_until_expired
+from tests.support.waits import wait_until
 
 
 async def claimed_payloads(queue: LeaseQueue, kind: str, limit: int = 10) -> set[Any]:
@@ -108,11 +109,13 @@ async def test_a_bucket_refills_at_its_rate(queue: LeaseQueue) -> None:
         await queue.enqueue("charge", n)
     assert await claimed_payloads(queue, "charge") == {0, 1}
     got: set[Any] = set()
-    for _ in range(100):  # 4 tokens a second: both remaining jobs within a second or so
-        got |= await claimed_payloads(queue, "charge")
-        if len(got) == 2:
-            break
-        await asyncio.sleep(0.05)
+
+    async def both_claimed() -> bool:
+        got.update(await claimed_payloads(queue, "charge"))
+        return len(got) == 2
+
+    # 4 tokens a second: both remaining jobs within a second or so.
+    await wait_until(both_claimed, timeout=10, interval=0.05, what="the two jobs left claimed")
     assert got == {2, 3}
 
 
