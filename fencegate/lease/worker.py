@@ -730,10 +730,8 @@ def _start_tool(tool: Tool, job: JobContext) -> asyncio.Future[Any]:
         outcome.set_exception(exc)
         return outcome
     if inspect.isawaitable(result):
-        return loop.create_task(_awaited(result))
+        # A coroutine becomes a task directly (no wrapping coroutine per job); a future the
+        # tool returned is waited on, and cancelled, as it is.
+        return asyncio.ensure_future(result)
     outcome.set_result(result)
     return outcome
-
-
-async def _awaited(awaitable: Awaitable[Any]) -> Any:
-    return await awaitable
