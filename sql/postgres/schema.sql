@@ -435,6 +435,17 @@ CREATE SEQUENCE fencegate_fencing_tokens
     NO MAXVALUE
     CACHE 1;
 
+-- Name: fencegate_gateways; Type: TABLE
+
+CREATE TABLE fencegate_gateways (
+    instance text NOT NULL,
+    host text NOT NULL,
+    pid integer NOT NULL,
+    started_at timestamp with time zone DEFAULT now() NOT NULL,
+    heartbeat_at timestamp with time zone DEFAULT now() NOT NULL,
+    alive_until timestamp with time zone NOT NULL
+);
+
 -- Name: fencegate_idempotency_keys; Type: TABLE
 
 CREATE TABLE fencegate_idempotency_keys (
@@ -455,7 +466,15 @@ CREATE TABLE fencegate_idempotency_keys (
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     completed_at timestamp with time zone,
     expires_at timestamp with time zone NOT NULL,
-    reserved_at timestamp with time zone
+    reserved_at timestamp with time zone,
+    method text,
+    target text,
+    request_body bytea,
+    unknown_reason text,
+    resolution text,
+    reconcile_after timestamp with time zone,
+    reconcile_tries integer DEFAULT 0 NOT NULL,
+    reconcile_note text
 )
 WITH (fillfactor='20');
 
@@ -575,6 +594,11 @@ ALTER TABLE ONLY fencegate_audit
 ALTER TABLE ONLY fencegate_decisions
     ADD CONSTRAINT fencegate_decisions_pkey PRIMARY KEY (id);
 
+-- Name: fencegate_gateways fencegate_gateways_pkey; Type: CONSTRAINT
+
+ALTER TABLE ONLY fencegate_gateways
+    ADD CONSTRAINT fencegate_gateways_pkey PRIMARY KEY (instance);
+
 -- Name: fencegate_job_attempts fencegate_job_attempts_pkey; Type: CONSTRAINT
 
 ALTER TABLE ONLY fencegate_job_attempts
@@ -631,6 +655,10 @@ CREATE INDEX fencegate_decisions_key ON fencegate_decisions USING btree (tenant,
 -- Name: fencegate_idempotency_keys_expires_at; Type: INDEX
 
 CREATE INDEX fencegate_idempotency_keys_expires_at ON fencegate_idempotency_keys USING btree (expires_at);
+
+-- Name: fencegate_idempotency_keys_reconcile; Type: INDEX
+
+CREATE INDEX fencegate_idempotency_keys_reconcile ON fencegate_idempotency_keys USING btree (reconcile_after) WHERE (reconcile_after IS NOT NULL);
 
 -- Name: fencegate_job_attempts_job; Type: INDEX
 

@@ -20,7 +20,7 @@ CREATE TABLE "fencegate_idempotency_keys" (
     body_too_large    INTEGER NOT NULL DEFAULT 0,
     created_at        REAL    NOT NULL,
     completed_at      REAL,
-    expires_at        REAL    NOT NULL, reserved_at REAL,
+    expires_at        REAL    NOT NULL, reserved_at REAL, method TEXT, target TEXT, request_body BLOB, unknown_reason TEXT, resolution TEXT, reconcile_after REAL, reconcile_tries INTEGER NOT NULL DEFAULT 0, reconcile_note TEXT,
     PRIMARY KEY (tenant, key)
 ) WITHOUT ROWID;
 
@@ -160,3 +160,15 @@ CREATE TABLE fencegate_rate_limits (
     tokens      REAL NOT NULL,
     refilled_at REAL NOT NULL
 );
+
+CREATE TABLE fencegate_gateways (
+    instance      TEXT PRIMARY KEY,
+    host          TEXT NOT NULL,
+    pid           INTEGER NOT NULL,
+    started_at    REAL NOT NULL,
+    heartbeat_at  REAL NOT NULL,
+    alive_until   REAL NOT NULL
+) WITHOUT ROWID;
+
+CREATE INDEX fencegate_idempotency_keys_reconcile ON fencegate_idempotency_keys (reconcile_after)
+    WHERE reconcile_after IS NOT NULL;
