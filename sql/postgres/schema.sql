@@ -72,6 +72,24 @@ BEGIN
 END;
 $$;
 
+-- Name: fencegate_release_blocker(text, text, timestamp with time zone, double precision); Type: FUNCTION
+
+CREATE FUNCTION fencegate_release_blocker(p_state text, p_owner text, p_locked_until timestamp with time zone, p_margin_seconds double precision) RETURNS text
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT CASE
+        WHEN p_state IS DISTINCT FROM 'in_flight' AND p_state IS DISTINCT FROM 'outcome_unknown'
+            THEN 'not_unknown'
+        WHEN p_state = 'in_flight' AND p_locked_until > now() THEN 'lease_live'
+        WHEN p_state = 'in_flight' AND EXISTS (
+            SELECT 1 FROM fencegate_gateways g
+            WHERE g.instance = split_part(p_owner, '/', 1) AND g.alive_until > now())
+            THEN 'owner_alive'
+        WHEN coalesce(p_locked_until, now()) + make_interval(secs => p_margin_seconds) > now()
+            THEN 'release_margin'
+    END
+$$;
+
 -- Name: fencegate_step(fencegate_decide_step[], fencegate_record_step[], boolean, double precision); Type: FUNCTION
 
 CREATE FUNCTION fencegate_step(p_decides fencegate_decide_step[], p_records fencegate_record_step[], p_history boolean, p_budget_ms double precision DEFAULT NULL::double precision) RETURNS TABLE(d_index integer, d_outcome text, d_last_accepted bigint, d_attempt integer, d_reserved_age double precision, d_key_state text, d_since timestamp with time zone, d_response_status integer, d_response_headers text, d_response_body bytea, d_response_sha256 text, d_body_too_large boolean)

@@ -1,0 +1,2 @@
+-- Nothing to create on SQLite: the release rule (see the PostgreSQL migration of the same
+-- name) is fencegate/store/release_rule.py.
