@@ -15,8 +15,8 @@ from starlette.routing import Route
 
 from fencegate import FenceGateMiddleware
 from fencegate.gateway.fingerprint import request_fingerprint
-from fencegate.gateway.problems import Problem
 from fencegate.gateway.routes import EntityRule, RoutePolicy
+from fencegate.problems import Problem
 from fencegate.store import DecideRequest, GatewayStore, Outcome
 from fencegate.types import IncomingRequest, NonceStore
 from tests.support.asgi import Answer, call
