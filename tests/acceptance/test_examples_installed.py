@@ -1,8 +1,9 @@
 """The release as a new user gets it: a copy of the project built into an sdist and a wheel
 (``python -m build``, checked by ``twine check``), the wheel installed in a fresh virtualenv,
 its ``fencegate --version`` and ``fencegate demo``, and each example run from the
-repository's ``examples/`` folder with that virtualenv's Python. The legacy-API example also puts the
-source checkout on ``PYTHONPATH`` for its gateway, so running from a checkout is covered too."""
+repository's ``examples/`` folder with that virtualenv's Python. The legacy-API example also
+puts the source checkout on ``PYTHONPATH`` for its gateway, so running from a checkout is
+covered too."""
 
 from __future__ import annotations
 
