@@ -161,14 +161,14 @@ class Engine:
                 400,
                 "key-required",
                 "Idempotency-Key required",
-                f"{request.method} {policy.prefix} requires an Idempotency-Key header",
+                f"{request.method} {request.path} requires an Idempotency-Key header",
             )
         if fence is None and policy.fence_required:
             raise Problem(
                 428,
                 "fence-required",
                 "Fence required",
-                f"{request.method} {policy.prefix} requires an X-Execution-Fence header",
+                f"{request.method} {request.path} requires an X-Execution-Fence header",
             )
         entity = policy.entity.derive(request.route_path, request.body, entity_header)
         if trace is not None:
