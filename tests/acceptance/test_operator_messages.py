@@ -195,7 +195,7 @@ def test_audit_list_shows_who_did_what_and_why(store_url: str) -> None:
     assert row["before"]["state"] == "outcome_unknown"
     text = fencegate("audit", "list", "--database-url", store_url).stdout
     assert "operator:night-op" in text and "keys.resolve_released" in text
-    assert "state outcome_unknown -> None" in text
+    assert "state outcome_unknown -> released" in text and "None" not in text
 
 
 async def a_foreign_request_with_a_queue_token(url: str, token: int) -> None:
