@@ -41,7 +41,9 @@ class GatewaySettings(BaseSettings):
     max_body_bytes: int = Field(default=10 * 1024 * 1024, gt=0)
     upstream_timeout: float = Field(default=30.0, gt=0)
     store_timeout: float = Field(default=2.0, gt=0)
-    store_pool_size: int = Field(default=20, gt=0)
+    store_pool_size: int = Field(
+        default=20, gt=0, description="the most connections each gateway process keeps to the store"
+    )
     # Refuse a PostgreSQL whose standbys all replicate asynchronously (else: one warning).
     require_synchronous_replication: bool = False
     # On SIGTERM, how long to keep trying to record answers the store has not taken yet.
