@@ -8,8 +8,9 @@ from urllib.parse import unquote_plus
 
 def _name(parameter: str) -> str:
     # As a form parser reads the name: `%61` and `a` may be one name to the upstream, so
-    # their values must keep their order between them.
-    return unquote_plus(parameter.partition("=")[0])
+    # their values keep their order between them. The "=" keeps different plain names in
+    # the order a sort of whole parameters gave them (fingerprints stored before stay valid).
+    return unquote_plus(parameter.partition("=")[0]) + "="
 
 
 def sorted_query(query_string: str) -> str:
