@@ -57,6 +57,12 @@ _OPTIONS: list[tuple[str, str, type, str]] = [
         "seconds for a client to send a whole request head, else closed (10)",
     ),
     (
+        "--body-timeout",
+        "body_timeout",
+        float,
+        "seconds a request body may go without a byte, else 408 and closed (10)",
+    ),
+    (
         "--idle-timeout",
         "idle_timeout",
         float,
@@ -154,6 +160,7 @@ def apply_connection_limits(config: GatewayConfig) -> int:
         connections.ConnectionLimits(
             header_timeout=settings.header_timeout,
             idle_timeout=settings.idle_timeout,
+            body_timeout=settings.body_timeout,
             max_connections=most,
         )
     )
@@ -256,6 +263,7 @@ def announce(
         "listen": f"{settings.host}:{settings.port}",
         "max_connections": max_connections,
         "header_timeout": settings.header_timeout,
+        "body_timeout": settings.body_timeout,
         "idle_timeout": settings.idle_timeout,
     }
     described = "; ".join(

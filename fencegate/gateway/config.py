@@ -53,10 +53,12 @@ class GatewaySettings(BaseSettings):
     log_format: Literal["text", "json"] = "text"
     workers: int = Field(default=1, ge=1)
     # Connections (`fencegate serve` only): a request head must arrive within header_timeout
-    # seconds, a kept-alive connection may stay idle idle_timeout seconds between requests,
-    # and each worker process keeps at most max_connections open (fewer if its open-files
-    # limit cannot hold them).
+    # seconds, a request body may go body_timeout seconds without a byte, a kept-alive
+    # connection may stay idle idle_timeout seconds between requests, and each worker
+    # process keeps at most max_connections open (fewer if its open-files limit cannot hold
+    # them).
     header_timeout: float = Field(default=10.0, gt=0, le=3600)
+    body_timeout: float = Field(default=10.0, gt=0, le=3600)
     idle_timeout: float = Field(default=5.0, gt=0, le=3600)
     max_connections: int = Field(default=10_000, gt=0)
 

@@ -493,9 +493,9 @@ def stale_fence(fence: int | None, last_accepted: int | None, entity: str | None
 
 def in_flight(decision: Decision, upstream_timeout: float, typical: float | None = None) -> Problem:
     """Retry-After is when the first request has probably finished (``typical``: how long
-    this route's requests take, `RouteLatency`), within its upstream deadline, at least a
-    second: never the whole lease, nor the whole timeout, which a client would wait out for
-    nothing."""
+    this route's requests take, `RouteLatency`) or, once it has outlived that, longer the
+    longer it has overrun it; within its upstream deadline, at least a second: never the
+    whole lease, nor the whole timeout, which a client would wait out for nothing."""
     seconds = retry_after_seconds(
         age=decision.reserved_age or 0.0, timeout=upstream_timeout, typical=typical
     )
