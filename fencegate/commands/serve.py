@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import logging
 import os
 import shutil
+import socket
 import tempfile
 from typing import Any
 
@@ -229,6 +231,27 @@ def check_store(config: GatewayConfig) -> StoreKind:
         ) from exc
 
 
+def check_address(host: str, port: int) -> None:
+    """Refuse to start, in one line, when the address cannot be listened on (a port another
+    process holds): uvicorn would first run the application's start-up, say "Application
+    startup complete", and only then fail to bind. Bound the way uvicorn binds it
+    (SO_REUSEADDR), then let go for uvicorn to take."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            held = (
+                " (another process is listening there; stop it or give --port)"
+                if (exc.errno == errno.EADDRINUSE)
+                else ""
+            )
+            raise CommandError(
+                f"cannot listen on {host}:{port}: {exc.strerror or exc}{held}"
+            ) from None
+
+
 def announce(
     config: GatewayConfig, *, signatures: bool, store_kind: StoreKind, max_connections: int
 ) -> None:
@@ -288,6 +311,7 @@ def run(args: argparse.Namespace) -> int:
     config = build_config(overrides)
     settings = config.settings
     configure_logging(config)
+    check_address(settings.host, settings.port)
     # The store first: a bad --database-url is the only line printed, not after the keys'.
     store_kind = check_store(config)
     authenticator = check_authenticator(config)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import shlex
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -246,3 +247,15 @@ def test_jobs_commands_offer_no_tenant_since_jobs_carry_none(sqlite_url: str) ->
     assert helped.returncode == 0 and "--tenant" not in helped.stdout
     listed = fencegate("jobs", "list", "--database-url", sqlite_url, FENCEGATE_TENANT="acme")
     assert listed.returncode == 0, listed.stderr
+
+
+def test_serve_on_a_port_in_use_says_so_in_one_line_before_starting() -> None:
+    """It used to print "Application startup complete", then an [Errno 98] line."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        done = fencegate("serve", "--upstream", "http://127.0.0.1:9", "--port", str(port))
+    line = one_clear_line(done)
+    assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in line
+    assert "startup complete" not in done.stderr
