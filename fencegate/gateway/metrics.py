@@ -47,6 +47,14 @@ class GatewayMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )
+        self.internal_errors = Counter(
+            "fencegate_internal_errors",
+            "Faults in fencegate's own code (bugs, answered 500 internal-error; never a store "
+            "outage), by where they were caught: decide, record, renew, owed_write, "
+            "authenticate, request.",
+            ["where"],
+            registry=self.registry,
+        )
         # Label children are cached: looking one up per request is most of the cost.
         self._decisions: dict[tuple[str, str], Counter] = {}
         self._operations: dict[str, Histogram] = {}
@@ -60,6 +68,9 @@ class GatewayMetrics:
                 decision=decision, problem=problem
             )
         child.inc()
+
+    def internal_error(self, where: str) -> None:
+        self.internal_errors.labels(where=where).inc()
 
     def store_latency(self, operation: str) -> Histogram:
         child = self._operations.get(operation)
