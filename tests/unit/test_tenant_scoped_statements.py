@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from fencegate.store.migrations import migration_files
+from fencegate.store.migrations import function_files
 from fencegate.store.queries import queries
 
 TENANT_TABLES = ("fencegate_idempotency_keys", "fencegate_fences", "fencegate_decisions")
@@ -44,9 +44,11 @@ def tenant_filtered(statement: str) -> bool:
 
 
 def step_statements() -> list[str]:
-    """The SQL statements in the body of the newest fencegate_step."""
-    newest = [sql for _, sql in migration_files("postgresql") if "FUNCTION fencegate_step(" in sql]
-    body = newest[-1].split("$$")[1]
+    """The SQL statements in the body of fencegate_step (its one file)."""
+    [step] = [
+        sql for record, sql in function_files("postgresql") if "/fencegate_step.sql@" in record
+    ]
+    body = step.split("$$")[1]
     statements = re.split(r";\s*\n", body)
     return [
         s

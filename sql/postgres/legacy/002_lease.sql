@@ -1,3 +1,6 @@
+-- Pre-1.0 migration, kept only to bring a database made before 1.0 to the 1.0 baseline
+-- (fencegate/store/migrations.py). Its functions and triggers were taken out: each now
+-- lives in ../functions/, applied after this.
 -- The lease queue: jobs, the history of every lease grant, and committed stages.
 
 -- One sequence issues every fencing token, so a later grant always carries a larger token
@@ -65,29 +68,5 @@ CREATE TABLE fencegate_job_stages (
 
 -- Workers LISTEN on fencegate_jobs and wake as soon as work of their kind is queued; the
 -- notification is sent on commit of the transaction that queued it, never before.
-CREATE FUNCTION fencegate_notify_inserted() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    PERFORM pg_notify('fencegate_jobs', k.kind)
-    FROM (SELECT DISTINCT kind FROM fencegate_new_jobs WHERE state = 'queued') AS k;
-    RETURN NULL;
-END;
-$$;
-
-CREATE TRIGGER fencegate_jobs_notify_insert
-    AFTER INSERT ON fencegate_jobs
-    REFERENCING NEW TABLE AS fencegate_new_jobs
-    FOR EACH STATEMENT EXECUTE FUNCTION fencegate_notify_inserted();
-
-CREATE FUNCTION fencegate_notify_requeued() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    PERFORM pg_notify('fencegate_jobs', NEW.kind);
-    RETURN NULL;
-END;
-$$;
 
 -- Released work (and a retry due now) is ready again at once.
-CREATE TRIGGER fencegate_jobs_notify_requeue
-    AFTER UPDATE OF state ON fencegate_jobs
-    FOR EACH ROW
-    WHEN (NEW.state = 'queued' AND OLD.state <> 'queued' AND NEW.run_after <= now())
-    EXECUTE FUNCTION fencegate_notify_requeued();

@@ -1,3 +1,6 @@
+-- Pre-1.0 migration, kept only to bring a database made before 1.0 to the 1.0 baseline
+-- (fencegate/store/migrations.py). Its functions and triggers were taken out: each now
+-- lives in ../functions/, applied after this.
 -- Releasing a key safely, and reconciliation (DESIGN §8).
 --
 -- Every gateway process registers here and heartbeats: a key whose owner is alive may still

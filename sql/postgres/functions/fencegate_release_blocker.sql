@@ -9,7 +9,7 @@
 --                   unknown) may still be on its way: safe from locked_until + margin
 -- The operator's commands, the console and the reconciler all ask this one function; SQLite's
 -- twin is fencegate/store/release_rule.py, held to it by a differential test.
-CREATE FUNCTION fencegate_release_blocker(
+CREATE OR REPLACE FUNCTION fencegate_release_blocker(
     p_state text, p_owner text, p_locked_until timestamptz, p_margin_seconds double precision)
 RETURNS text
 LANGUAGE sql STABLE

@@ -1,3 +1,6 @@
+-- Pre-1.0 migration, kept only to bring a database made before 1.0 to the 1.0 baseline
+-- (fencegate/store/migrations.py). Its functions and triggers were taken out: each now
+-- lives in ../functions/, applied after this.
 -- The running jobs' index is keyed by kind and lease end (SQLite's was already by lease end):
 -- a claim finds the expired leases of its kinds by a range scan, where it read every running
 -- job of those kinds from the table to check its lease (twice: the exhausted ones, and the
