@@ -12,6 +12,7 @@ import orjson
 from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
+from fencegate.gateway.reconcile import ReconcileRule, reconcile_rule
 from fencegate.problems import Problem
 
 DEFAULT_KEY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
@@ -156,6 +157,10 @@ class RoutePolicy:
     # How the gateway's own error answers look: RFC 9457 problem details, or Stripe's error
     # object for clients written against Stripe's API (see `stripe_errors`).
     error_format: Literal["problem", "stripe"] = "problem"
+    # How to find out from the upstream whether a request whose outcome is unknown ran: an
+    # HTTP probe table or an async function (`fencegate.gateway.reconcile`). None: an
+    # operator settles such keys.
+    reconcile: Annotated[ReconcileRule | None, BeforeValidator(reconcile_rule)] = None
 
     def stores(self, status: int) -> bool:
         if self.stored_statuses is not None:
