@@ -47,6 +47,15 @@ class GatewayMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )
+        self.reconciliations = Counter(
+            "fencegate_reconciliations",
+            "Keys whose unknown outcome the reconciler asked the upstream about, by route "
+            "prefix and result: completed (it ran; its answer is stored), released (it never "
+            "ran), unknown (no answer either way; tried again later), changed (the key changed "
+            "meanwhile and was left alone).",
+            ["route", "result"],
+            registry=self.registry,
+        )
         # Label children are cached: looking one up per request is most of the cost.
         self._decisions: dict[tuple[str, str], Counter] = {}
         self._operations: dict[str, Histogram] = {}
@@ -60,6 +69,9 @@ class GatewayMetrics:
                 decision=decision, problem=problem
             )
         child.inc()
+
+    def reconciled(self, route: str, result: str) -> None:
+        self.reconciliations.labels(route=route, result=result).inc()
 
     def store_latency(self, operation: str) -> Histogram:
         child = self._operations.get(operation)
