@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from fencegate.errors import FencegateError, StoreUnavailable
 
-__version__ = "0.1.0"
+__version__ = "1.0.0"
 
 if TYPE_CHECKING:
     from fencegate.gateway.middleware import FenceGateMiddleware, FencegateMiddleware
@@ -24,7 +24,7 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     # Imported lazily so that `import fencegate.lease` in a worker does not pull in the gateway.
-    # `FenceGateMiddleware` is the name as first spelled, kept for existing imports.
+    # `FenceGateMiddleware` is the spelling of the design contract (DESIGN §4).
     if name in ("FencegateMiddleware", "FenceGateMiddleware"):
         from fencegate.gateway import middleware
 

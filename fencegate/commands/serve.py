@@ -14,16 +14,15 @@ import logging
 import os
 import shutil
 import tempfile
-from typing import Any, Literal
+from typing import Any
 
 import orjson
 
 from fencegate.errors import CommandError
 from fencegate.gateway.config import ConfigError, GatewayConfig, load_config
 from fencegate.gateway.metrics import MULTIPROC_ENV
+from fencegate.store.dburl import StoreKind
 from fencegate.types import Authenticator
-
-StoreKind = Literal["postgresql", "sqlite"]
 
 OVERRIDES_ENV = "FENCEGATE_SERVE_OVERRIDES"
 

@@ -29,6 +29,7 @@ from fencegate.gateway.latency import RouteLatency, retry_after_seconds
 from fencegate.gateway.metrics import GatewayMetrics
 from fencegate.gateway.recorder import ABANDON, OwedWrite, PendingWrites, Write
 from fencegate.gateway.routes import RoutePolicy, entity_missing
+from fencegate.gateway.send_deadline import SEND_BY, LeaseClock, LeaseDeadlinePassed
 from fencegate.gateway.upstream import (
     Forward,
     UpstreamOutcomeUnknown,
@@ -47,6 +48,7 @@ from fencegate.store.base import (
     StoreUnavailable,
 )
 from fencegate.store.key_states import LEASE_EXPIRED, operator_state
+from fencegate.store.release_rule import DEFAULT_RELEASE_MARGIN
 from fencegate.types import IncomingRequest
 
 logger = logging.getLogger("fencegate.gateway")
@@ -93,6 +95,7 @@ class Engine:
         store_timeout: float = 2.0,
         metrics: GatewayMetrics | None = None,
         store_argument: str = "",
+        release_margin: float = DEFAULT_RELEASE_MARGIN,
     ) -> None:
         if lease_seconds <= 0:
             raise ValueError("the in-flight lease must be longer than zero seconds")
@@ -102,6 +105,9 @@ class Engine:
         # Renew at a third of the lease: two renewals may fail before the lease runs out.
         self.renew_every = self.lease_seconds / 3
         self.store_timeout = float(store_timeout)
+        # How long a request may still be on its way after its lease ended: releasing a key
+        # waits that long (store/release_rule.py); the 424 says when that is.
+        self.release_margin = float(release_margin)
         self.metrics = metrics
         # How long each route's requests take upstream: the 409's Retry-After follows it.
         self.latency = RouteLatency()
@@ -155,14 +161,14 @@ class Engine:
                 400,
                 "key-required",
                 "Idempotency-Key required",
-                f"{request.method} {policy.prefix} requires an Idempotency-Key header",
+                f"{request.method} {request.path} requires an Idempotency-Key header",
             )
         if fence is None and policy.fence_required:
             raise Problem(
                 428,
                 "fence-required",
                 "Fence required",
-                f"{request.method} {policy.prefix} requires an X-Execution-Fence header",
+                f"{request.method} {request.path} requires an X-Execution-Fence header",
             )
         entity = policy.entity.derive(request.route_path, request.body, entity_header)
         if trace is not None:
@@ -172,8 +178,10 @@ class Engine:
         if key is None and fence is None:
             return await self._relay(forward, policy, "passthrough")
 
-        # Steps 3 and 4: one transaction in the store.
+        # Steps 3 and 4: one transaction in the store. The lease is timed from before its
+        # round trip: the database's lease can only end later than this clock says.
         owner = f"{self.owner}/{next(self._reservations)}"
+        started = time.monotonic()
         decision = await self._decide(
             DecideRequest(
                 tenant=tenant,
@@ -212,13 +220,19 @@ class Engine:
             )
         if outcome is Outcome.IN_FLIGHT:
             raise in_flight(decision, policy.timeout, self.latency.typical(policy.prefix))
+        if outcome is Outcome.PENDING or (
+            outcome is Outcome.UNKNOWN and self.pending.owes(tenant, key)
+        ):
+            # Its gateway (this one, or another that is alive) still owes the key a write.
+            raise outcome_pending()
         if outcome is Outcome.UNKNOWN:
             raise outcome_unknown(decision, tenant, key, store_argument=self.store_argument)
         if outcome is Outcome.TAKEN_OVER:
             logger.warning("took over in-flight key %r whose lease had expired", key)
         assert decision.attempt is not None
         reservation = Reservation(tenant, key, owner, decision.attempt, request.request_id)
-        return await self._execute(reservation, forward, policy)
+        lease = LeaseClock(self.lease_seconds, started=started)
+        return await self._execute(reservation, forward, policy, lease)
 
     async def _decide(self, request: DecideRequest) -> Decision:
         started = time.perf_counter()
@@ -276,23 +290,38 @@ class Engine:
         return GatewayResponse(answer.status, answer.headers, answer.body, label)
 
     async def _execute(
-        self, reservation: Reservation, forward: Forward, policy: RoutePolicy
+        self, reservation: Reservation, forward: Forward, policy: RoutePolicy, lease: LeaseClock
     ) -> GatewayResponse:
         """Steps 5 and 6: forward while holding the lease, then record what happened."""
         timeout = self.store_timeout
         store = self.store
         try:
-            answer = await self._forward_holding(reservation, forward, policy)
+            answer = await self._forward_holding(reservation, forward, policy, lease)
+        except LeaseDeadlinePassed as exc:
+            # Nothing left: the key may already be someone else's. Answered as a store
+            # outage (the gateway could not hold its reservation in time); a retry runs.
+            logger.warning(
+                "did not send key %r (tenant %r, attempt %d): %s",
+                reservation.key,
+                reservation.tenant,
+                reservation.attempt,
+                exc,
+            )
+            await self._record(
+                "release", reservation, lambda: store.release(reservation, timeout=timeout), policy
+            )
+            raise store_unavailable() from exc
         except UpstreamRefused as exc:
             released = await self._record(
                 "release", reservation, lambda: store.release(reservation, timeout=timeout), policy
             )
             raise upstream_unreachable(exc, released=released) from exc
         except UpstreamOutcomeUnknown as exc:
+            reason = str(exc)
             marked = await self._record(
                 "mark_unknown",
                 reservation,
-                lambda: store.mark_unknown(reservation, timeout=timeout),
+                lambda: store.mark_unknown(reservation, reason=reason, timeout=timeout),
                 policy,
             )
             raise upstream_timeout(exc, reservation, recorded=marked) from exc
@@ -364,8 +393,10 @@ class Engine:
             self._store_latency(operation, started)
 
     async def _forward_holding(
-        self, reservation: Reservation, forward: Forward, policy: RoutePolicy
+        self, reservation: Reservation, forward: Forward, policy: RoutePolicy, lease: LeaseClock
     ) -> UpstreamResponse:
+        # Checked here and again where the bytes are about to be written (SEND_BY).
+        lease.check()
         # Most upstream calls finish well within a third of the lease, so the renewal task
         # is only created for the slow ones.
         loop = asyncio.get_running_loop()
@@ -373,22 +404,25 @@ class Engine:
 
         def start_renewing() -> None:
             nonlocal renewer
-            renewer = loop.create_task(self._renew_loop(reservation))
+            renewer = loop.create_task(self._renew_loop(reservation, lease))
 
         timer = loop.call_later(self.renew_every, start_renewing)
         started = loop.time()
+        sending = SEND_BY.set(lease)
         try:
             answer = await forward(policy.timeout)
             self.latency.observe(policy.prefix, loop.time() - started)
             return answer
         finally:
+            SEND_BY.reset(sending)
             timer.cancel()
             if renewer is not None:
                 renewer.cancel()
 
-    async def _renew_loop(self, reservation: Reservation) -> None:
+    async def _renew_loop(self, reservation: Reservation, lease: LeaseClock) -> None:
         while True:
             started = time.perf_counter()
+            asked = time.monotonic()
             try:
                 renewed = await self.store.renew(
                     reservation, self.lease_seconds, timeout=self.store_timeout
@@ -403,6 +437,7 @@ class Engine:
                         "in-flight lease of %r lost while waiting on the upstream", reservation.key
                     )
                     return
+                lease.renewed(started=asked)
             finally:
                 self._store_latency("renew", started)
             await asyncio.sleep(self.renew_every)
@@ -517,6 +552,21 @@ def outcome_unknown(
             f"{command} --completed --status N --body @answer.json{where}",
             f"{command} --release{where}",
         ],
+    )
+
+
+def outcome_pending() -> Problem:
+    """The key's outcome is not settled yet, but will be without an operator: the gateway
+    that forwarded it is alive and still owes the store its answer or its release. Never a
+    424 (an operator need not act), and a 5xx so that retrying clients retry."""
+    return Problem(
+        503,
+        "outcome-pending",
+        "Outcome pending",
+        "an earlier request with this Idempotency-Key is still being settled by the gateway "
+        "that forwarded it (its answer or its release is being recorded); retry shortly",
+        headers={"Retry-After": "1"},
+        retry_after=1,
     )
 
 

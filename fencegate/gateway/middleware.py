@@ -223,5 +223,5 @@ class FencegateMiddleware:
         await self.app(scope, wrapped_receive, wrapped_send)
 
 
-# The name as it was first spelled, kept for existing imports.
+# The spelling of the design contract (DESIGN §4): `from fencegate import FenceGateMiddleware`.
 FenceGateMiddleware = FencegateMiddleware

@@ -76,6 +76,14 @@ class PendingWrites:
     def __len__(self) -> int:
         return len(self._tasks)
 
+    def owes(self, tenant: str, key: str) -> bool:
+        """Whether this process still owes the store a write for the key (an answer, a
+        release): its outcome is not settled yet, though the store may say unknown."""
+        return any(
+            owed.reservation.tenant == tenant and owed.reservation.key == key
+            for owed in self._tasks.values()
+        )
+
     def keep_trying(self, owed: OwedWrite) -> None:
         task = asyncio.get_running_loop().create_task(self._keep_trying(owed))
         self._tasks[task] = owed

@@ -35,6 +35,8 @@ _BY_KIND: dict[str, StripeError] = {
     "response-not-stored": StripeError("idempotency_error", should_retry=False),
     "stale-fence": StripeError("invalid_request_error", should_retry=False),
     "store-unavailable": StripeError("api_error", should_retry=True),
+    # Its gateway is still recording the answer or the release: the retry learns which.
+    "outcome-pending": StripeError("api_error", should_retry=True),
     "upstream-unreachable": StripeError("api_error"),
     # Retried by the client: the retry learns the outcome is unknown (a clearer answer).
     "upstream-timeout": StripeError("api_error"),

@@ -24,6 +24,7 @@ from multidict import CIMultiDict
 from fencegate.errors import FencegateError
 from fencegate.gateway.headers import HOP_BY_HOP
 from fencegate.gateway.routes import RoutePolicy
+from fencegate.gateway.send_deadline import check_send_deadline
 from fencegate.types import ASGIApp, IncomingRequest, Message, Receive, Scope
 
 
@@ -89,6 +90,7 @@ class HttpUpstream:
             # Send the caller's headers, not ones the client library would invent.
             skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
             cookie_jar=aiohttp.DummyCookieJar(),
+            trace_configs=[_send_deadline_trace()],
         )
 
     async def close(self) -> None:
@@ -145,6 +147,23 @@ class HttpUpstream:
         except (TimeoutError, aiohttp.ClientError) as exc:
             detail = f"no answer within {timeout}s" if isinstance(exc, TimeoutError) else exc
             raise UpstreamOutcomeUnknown(str(detail) or type(exc).__name__) from exc
+
+
+async def _check_before_writing(
+    session: aiohttp.ClientSession,
+    context: object,
+    params: aiohttp.TraceRequestHeadersSentParams,
+) -> None:
+    # aiohttp calls this once the connection is ready and before any byte of the request is
+    # written: the last moment to refuse a request whose lease could have ended (a pause
+    # while waiting for a pooled connection, or for the loop).
+    check_send_deadline()
+
+
+def _send_deadline_trace() -> aiohttp.TraceConfig:
+    trace = aiohttp.TraceConfig()
+    trace.on_request_headers_sent.append(_check_before_writing)
+    return trace
 
 
 @functools.lru_cache(maxsize=64)
@@ -211,6 +230,7 @@ class AppUpstream:
             elif message["type"] == "http.response.body":
                 chunks.append(message.get("body", b""))
 
+        check_send_deadline()
         try:
             async with asyncio.timeout(timeout):
                 await self.app(inner, replay_body, capture)

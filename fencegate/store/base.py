@@ -36,6 +36,9 @@ class Outcome(StrEnum):
     MISMATCH = "mismatch"  # same key, other request
     IN_FLIGHT = "in_flight"  # another holder's lease is live
     UNKNOWN = "unknown"  # outcome_unknown key, route says reject
+    # In flight, lease over, but its gateway is alive: it still owes the key a write (an
+    # answer, a release), so the client is told to retry rather than that an operator must act.
+    PENDING = "pending"
 
     @property
     def forwards(self) -> bool:
@@ -61,7 +64,11 @@ class DecideRequest:
     # For the decision history (written in the decision's own transaction); never payloads.
     request_id: str = ""
     method: str = ""
-    target: str = ""  # the target as sent, path and query
+    target: str = ""  # the path as sent, never the query (it may carry secrets)
+    # The route reconciles unknown outcomes: the key keeps its request's body for the probe
+    # and is scheduled for the reconciler.
+    reconcile: bool = False
+    request_body: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +88,8 @@ class Decision:
     key_state: str | None = None  # for UNKNOWN: outcome_unknown, or in_flight (lease expired)
     unknown_since: float | None = None  # for UNKNOWN: epoch seconds (marked, or lease end)
     response: StoredResponse | None = None  # for REPLAY
+    # For UNKNOWN on a reconciling route: when the reconciler asks the upstream next.
+    reconcile_after: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,7 +185,11 @@ class GatewayStore(abc.ABC):
         is none."""
 
     @abc.abstractmethod
-    async def mark_unknown(self, reservation: Reservation, *, timeout: float) -> bool: ...
+    async def mark_unknown(
+        self, reservation: Reservation, *, reason: str = "", timeout: float
+    ) -> bool:
+        """The request was sent and no answer came back; ``reason`` is the limit that fired
+        ("no answer within 2.0s"), kept for the operator."""
 
     @abc.abstractmethod
     async def renew(

@@ -53,6 +53,7 @@ def _decision(row: asyncpg.Record) -> Decision:
             sha256=row["d_response_sha256"],
         )
     since = row["d_since"]
+    reconcile_after = row["d_reconcile_after"]
     return Decision(
         outcome=outcome,
         last_accepted=row["d_last_accepted"],
@@ -61,6 +62,7 @@ def _decision(row: asyncpg.Record) -> Decision:
         key_state=row["d_key_state"],
         unknown_since=since.timestamp() if since is not None else None,
         response=response,
+        reconcile_after=reconcile_after.timestamp() if reconcile_after is not None else None,
     )
 
 
@@ -97,6 +99,8 @@ def step_arguments(
                 r.request_id,
                 r.method,
                 r.target,
+                r.request_body if r.reconcile else None,
+                r.reconcile,
             )
             for r in decides
         ],
@@ -204,9 +208,11 @@ class PostgresGatewayStore(GatewayStore):
         args = (r.tenant, r.key, r.owner, r.request_id, self.history)
         return await self._count(Q.release_abandoned, *args, timeout=timeout) > 0
 
-    async def mark_unknown(self, reservation: Reservation, *, timeout: float) -> bool:
+    async def mark_unknown(
+        self, reservation: Reservation, *, reason: str = "", timeout: float
+    ) -> bool:
         r = reservation
-        args = (r.tenant, r.key, r.owner, r.attempt, r.request_id, self.history)
+        args = (r.tenant, r.key, r.owner, r.attempt, r.request_id, self.history, reason or None)
         return await self._count(Q.mark_unknown, *args, timeout=timeout) > 0
 
     async def renew(

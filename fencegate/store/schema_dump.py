@@ -29,8 +29,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
+from fencegate.store.dburl import StoreKind
 from fencegate.store.migrations import migrate
-from fencegate.store.sqlfiles import StoreKind, store_folder
+from fencegate.store.sqlfiles import store_folder
 
 SCHEMA_FILE = "schema.sql"
 REGENERATE = "python -m fencegate.store.schema_dump"

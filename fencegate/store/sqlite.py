@@ -30,6 +30,7 @@ from fencegate.store.base import (
 )
 from fencegate.store.batching import Batcher
 from fencegate.store.queries import Queries
+from fencegate.store.release_rule import gateway_instance
 from fencegate.store.sqlite_db import SQLiteDatabase
 
 T = TypeVar("T")
@@ -135,11 +136,20 @@ def _decide(conn: sqlite3.Connection, r: DecideRequest, now: float) -> Decision:
         "fence": r.fence,
         "now": now,
         "lease_seconds": r.lease_seconds,
+        "reconcile_after": now if r.reconcile else None,
     }
     row = conn.execute(Q.key_get, (r.tenant, r.key)).fetchone()
     if row is None or row["expires_at"] <= now:
         conn.execute(
-            Q.key_reserve, holder | {"fingerprint": r.fingerprint, "ttl_seconds": r.ttl_seconds}
+            Q.key_reserve,
+            holder
+            | {
+                "fingerprint": r.fingerprint,
+                "ttl_seconds": r.ttl_seconds,
+                "method": r.method,
+                "target": r.target,
+                "request_body": r.request_body if r.reconcile else None,
+            },
         )
         return Decision(Outcome.RESERVED, last_accepted=last, attempt=1)
     if row["fingerprint"] != r.fingerprint:
@@ -165,13 +175,20 @@ def _decide(conn: sqlite3.Connection, r: DecideRequest, now: float) -> Decision:
         )
     if not r.retry_unknown:
         # Marked unknown, or in flight with an expired lease (its gateway died or could not
-        # record): the upstream may have acted. Not forwarded again.
+        # record): the upstream may have acted. Not forwarded again. While the key's gateway
+        # is alive it still owes the key a write: pending (retry), not for an operator.
+        owner_alive = (
+            state == "in_flight"
+            and conn.execute(Q.gateway_alive, (gateway_instance(row["owner"]), now)).fetchone()
+            is not None
+        )
         return Decision(
-            Outcome.UNKNOWN,
+            Outcome.PENDING if owner_alive else Outcome.UNKNOWN,
             last_accepted=last,
             attempt=row["attempt"],
             key_state=state,
             unknown_since=float(row["locked_until"]) if row["locked_until"] is not None else None,
+            reconcile_after=row["reconcile_after"],
         )
     attempt = int(row["attempt"]) + 1
     conn.execute(Q.key_take_over, holder | {"attempt": attempt})
@@ -184,13 +201,19 @@ def _held(r: Reservation, now: float) -> dict[str, Any]:
 
 
 def _conditional(
-    sql: str, decision: str, r: Reservation, *, history: bool, upstream_status: int | None = None
+    sql: str,
+    decision: str,
+    r: Reservation,
+    *,
+    history: bool,
+    upstream_status: int | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> Callable[[sqlite3.Connection], bool]:
     """A write on one reservation, and its history row, in one transaction."""
 
     def run(conn: sqlite3.Connection) -> bool:
         log = History(conn, clock(conn), keep=history)
-        row = conn.execute(sql, _held(r, log.now)).fetchone()
+        row = conn.execute(sql, _held(r, log.now) | (extra or {})).fetchone()
         if row is None:
             return False
         log.add_for_key(decision, row, r, upstream_status=upstream_status)
@@ -327,8 +350,16 @@ class SQLiteGatewayStore(GatewayStore):
         write = _conditional(Q.release_abandoned, "released", reservation, history=self.history)
         return await self._db.run(write, timeout=timeout, write=True)
 
-    async def mark_unknown(self, reservation: Reservation, *, timeout: float) -> bool:
-        write = _conditional(Q.mark_unknown, "marked_unknown", reservation, history=self.history)
+    async def mark_unknown(
+        self, reservation: Reservation, *, reason: str = "", timeout: float
+    ) -> bool:
+        write = _conditional(
+            Q.mark_unknown,
+            "marked_unknown",
+            reservation,
+            history=self.history,
+            extra={"reason": reason or None},
+        )
         return await self._db.run(write, timeout=timeout, write=True)
 
     async def renew(

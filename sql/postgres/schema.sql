@@ -18,7 +18,9 @@ CREATE TYPE fencegate_decide_step AS (
 	retry_unknown boolean,
 	request_id text,
 	method text,
-	target text
+	target text,
+	request_body bytea,
+	reconcile boolean
 );
 
 -- Name: fencegate_fence; Type: DOMAIN
@@ -92,7 +94,7 @@ $$;
 
 -- Name: fencegate_step(fencegate_decide_step[], fencegate_record_step[], boolean, double precision); Type: FUNCTION
 
-CREATE FUNCTION fencegate_step(p_decides fencegate_decide_step[], p_records fencegate_record_step[], p_history boolean, p_budget_ms double precision DEFAULT NULL::double precision) RETURNS TABLE(d_index integer, d_outcome text, d_last_accepted bigint, d_attempt integer, d_reserved_age double precision, d_key_state text, d_since timestamp with time zone, d_response_status integer, d_response_headers text, d_response_body bytea, d_response_sha256 text, d_body_too_large boolean)
+CREATE FUNCTION fencegate_step(p_decides fencegate_decide_step[], p_records fencegate_record_step[], p_history boolean, p_budget_ms double precision DEFAULT NULL::double precision) RETURNS TABLE(d_index integer, d_outcome text, d_last_accepted bigint, d_attempt integer, d_reserved_age double precision, d_key_state text, d_since timestamp with time zone, d_response_status integer, d_response_headers text, d_response_body bytea, d_response_sha256 text, d_body_too_large boolean, d_reconcile_after timestamp with time zone)
     LANGUAGE plpgsql
     AS $$
 DECLARE
@@ -181,6 +183,7 @@ BEGIN
             d_response_body := NULL;
             d_response_sha256 := NULL;
             d_body_too_large := NULL;
+            d_reconcile_after := NULL;
             d_entity := NULL;
             d_fence := NULL;
             d_expires_at := NULL;
@@ -191,7 +194,7 @@ BEGIN
                 SET state = 'completed', response_status = v_c.status,
                     response_headers = v_c.headers::jsonb, response_body = v_c.body,
                     response_sha256 = v_c.sha256, body_too_large = v_c.too_large,
-                    completed_at = now(), locked_until = NULL
+                    completed_at = now(), locked_until = NULL, reconcile_after = NULL
                 WHERE k.tenant = v_c.tenant AND k.key = v_c.key AND k.owner = v_c.owner
                     AND k.attempt = v_c.attempt AND k.state IN ('in_flight', 'outcome_unknown')
                 RETURNING k.entity, k.fence, k.expires_at INTO d_entity, d_fence, d_expires_at;
@@ -216,12 +219,15 @@ BEGIN
             -- first.
             INSERT INTO fencegate_idempotency_keys AS k (
                 tenant, key, fingerprint, state, owner, locked_until, attempt, entity, fence,
-                created_at, reserved_at, expires_at)
+                created_at, reserved_at, expires_at, method, target, request_body,
+                reconcile_after)
             VALUES (
                 v_d.tenant, v_d.key, v_d.fingerprint, 'in_flight', v_d.owner,
                 clock_timestamp() + make_interval(secs => v_d.lease_seconds), 1, v_d.entity,
                 v_d.fence, now(), clock_timestamp(),
-                now() + make_interval(secs => v_d.ttl_seconds))
+                now() + make_interval(secs => v_d.ttl_seconds), v_d.method, v_d.target,
+                CASE WHEN v_d.reconcile THEN v_d.request_body END,
+                CASE WHEN v_d.reconcile THEN now() END)
             ON CONFLICT (tenant, key) DO NOTHING;
             IF FOUND THEN
                 d_outcome := 'reserved';
@@ -245,12 +251,15 @@ BEGIN
                 FOR attempt IN 1..5 LOOP
                     INSERT INTO fencegate_idempotency_keys AS k (
                         tenant, key, fingerprint, state, owner, locked_until, attempt, entity,
-                        fence, created_at, reserved_at, expires_at)
+                        fence, created_at, reserved_at, expires_at, method, target,
+                        request_body, reconcile_after)
                     VALUES (
                         v_d.tenant, v_d.key, v_d.fingerprint, 'in_flight', v_d.owner,
                         clock_timestamp() + make_interval(secs => v_d.lease_seconds), 1,
                         v_d.entity, v_d.fence, now(), clock_timestamp(),
-                        now() + make_interval(secs => v_d.ttl_seconds))
+                        now() + make_interval(secs => v_d.ttl_seconds), v_d.method,
+                        v_d.target, CASE WHEN v_d.reconcile THEN v_d.request_body END,
+                        CASE WHEN v_d.reconcile THEN now() END)
                     ON CONFLICT (tenant, key) DO NOTHING;
                     IF FOUND THEN
                         v_inserted := true;
@@ -282,7 +291,12 @@ BEGIN
                         response_status = NULL, response_headers = NULL, response_body = NULL,
                         response_sha256 = NULL, body_too_large = false, created_at = now(),
                         reserved_at = clock_timestamp(), completed_at = NULL,
-                        expires_at = now() + make_interval(secs => v_d.ttl_seconds)
+                        expires_at = now() + make_interval(secs => v_d.ttl_seconds),
+                        method = v_d.method, target = v_d.target,
+                        request_body = CASE WHEN v_d.reconcile THEN v_d.request_body END,
+                        reconcile_after = CASE WHEN v_d.reconcile THEN now() END,
+                        unknown_reason = NULL, resolution = NULL, reconcile_tries = 0,
+                        reconcile_note = NULL
                     WHERE k.tenant = v_d.tenant AND k.key = v_d.key;
                     d_outcome := 'reserved';
                     d_attempt := 1;
@@ -308,16 +322,28 @@ BEGIN
                 )::double precision, 0);
             ELSIF NOT v_d.retry_unknown THEN
                 -- Marked unknown, or in flight with an expired lease (its gateway died or could
-                -- not record): the upstream may have acted. Not forwarded again.
-                d_outcome := 'unknown';
+                -- not record): the upstream may have acted. Not forwarded again. While the
+                -- key's gateway is alive it still owes the key a write (an answer, a
+                -- release): pending, "retry", never an unknown that an operator must settle.
+                IF v_row.state = 'in_flight' AND EXISTS (
+                    SELECT 1 FROM fencegate_gateways g
+                    WHERE g.instance = split_part(v_row.owner, '/', 1)
+                        AND g.alive_until > now()) THEN
+                    d_outcome := 'pending';
+                ELSE
+                    d_outcome := 'unknown';
+                END IF;
                 d_key_state := v_row.state::text;
                 d_since := v_row.locked_until;
+                d_reconcile_after := v_row.reconcile_after;
             ELSE
                 UPDATE fencegate_idempotency_keys k
                 SET state = 'in_flight', owner = v_d.owner,
                     locked_until = clock_timestamp() + make_interval(secs => v_d.lease_seconds),
                     reserved_at = clock_timestamp(),
-                    attempt = k.attempt + 1, entity = v_d.entity, fence = v_d.fence
+                    attempt = k.attempt + 1, entity = v_d.entity, fence = v_d.fence,
+                    reconcile_after = CASE WHEN v_d.reconcile THEN now() END,
+                    unknown_reason = NULL
                 WHERE k.tenant = v_d.tenant AND k.key = v_d.key
                 RETURNING k.attempt INTO d_attempt;
                 d_outcome := CASE WHEN v_row.state = 'in_flight' THEN 'taken_over'
@@ -328,7 +354,7 @@ BEGIN
         -- A batch that changed no key and no fence (replays and refusals, no fence given, no
         -- answer recorded) writes only its history rows (below).
         v_changed := v_changed OR v_step.record
-            OR d_outcome NOT IN ('replay', 'mismatch', 'in_flight', 'unknown')
+            OR d_outcome NOT IN ('replay', 'mismatch', 'in_flight', 'unknown', 'pending')
             OR v_d.fence IS NOT NULL;
         IF p_history AND (NOT v_step.record OR d_outcome = 'completed') THEN
             v_row_history := NULL;

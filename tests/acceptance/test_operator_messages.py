@@ -238,3 +238,11 @@ def test_a_request_is_attributed_to_a_worker_only_when_it_carries_the_jobs_ident
                   "--database-url", store_url).stdout
     )  # fmt: skip
     assert "heartbeat_lost" in [e["what"] for e in charge["events"]]
+
+
+def test_jobs_commands_offer_no_tenant_since_jobs_carry_none(sqlite_url: str) -> None:
+    """`jobs list --help` used to offer --tenant, then refuse it when used."""
+    helped = fencegate("jobs", "list", "--help")
+    assert helped.returncode == 0 and "--tenant" not in helped.stdout
+    listed = fencegate("jobs", "list", "--database-url", sqlite_url, FENCEGATE_TENANT="acme")
+    assert listed.returncode == 0, listed.stderr

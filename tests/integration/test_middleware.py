@@ -15,8 +15,8 @@ from starlette.routing import Route
 
 from fencegate import FenceGateMiddleware
 from fencegate.gateway.fingerprint import request_fingerprint
-from fencegate.gateway.problems import Problem
 from fencegate.gateway.routes import EntityRule, RoutePolicy
+from fencegate.problems import Problem
 from fencegate.store import DecideRequest, GatewayStore, Outcome
 from fencegate.types import IncomingRequest, NonceStore
 from tests.support.asgi import Answer, call
@@ -242,8 +242,17 @@ async def test_missing_key_is_400_and_missing_fence_is_428(
 ) -> None:
     fenced = RoutePolicy(prefix="/fenced", fence_required=True)
     app = gateway(echo, store, fenced)
-    assert_problem(await call(app, "POST", "/pay"), 400, "key-required")
-    assert_problem(await call(app, "POST", "/fenced/x", headers=keyed("k")), 428, "fence-required")
+    missing_key = assert_problem(
+        await call(app, "POST", "/payments/inv-9/capture"), 400, "key-required"
+    )
+    # The request as sent, not the route's prefix ("POST / requires ...").
+    assert (
+        missing_key["detail"] == "POST /payments/inv-9/capture requires an Idempotency-Key header"
+    )
+    missing_fence = assert_problem(
+        await call(app, "POST", "/fenced/x", headers=keyed("k")), 428, "fence-required"
+    )
+    assert missing_fence["detail"] == "POST /fenced/x requires an X-Execution-Fence header"
     assert sum(echo.calls.values()) == 0
 
 

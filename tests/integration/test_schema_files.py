@@ -10,9 +10,9 @@ from pathlib import Path
 
 import asyncpg
 
+from fencegate.store.dburl import StoreKind
 from fencegate.store.migrations import migrate, split_sqlite_statements
 from fencegate.store.schema_dump import BOOKKEEPING, REGENERATE, schema_path
-from fencegate.store.sqlfiles import StoreKind
 
 # Everything a statement can depend on, read from pg_catalog for the current schema; each
 # row a tuple of text. Names of system-generated objects (a column's sequence) are kept: the

@@ -17,7 +17,7 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 from http_message_signatures import ContentDigest
 
 from fencegate.gateway.middleware import FenceGateMiddleware
-from fencegate.gateway.problems import Problem
+from fencegate.problems import Problem
 from fencegate.signing import HttpSigner, SignatureAuthenticator, load_authenticator
 from fencegate.store import GatewayStore
 from fencegate.types import IncomingRequest, Receive, Scope, Send

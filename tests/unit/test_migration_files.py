@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from fencegate.store.dburl import StoreKind
 from fencegate.store.migrations import migration_files
 from fencegate.store.schema_dump import schema_path
-from fencegate.store.sqlfiles import StoreKind
 
 
 @pytest.mark.parametrize("kind", ["postgresql", "sqlite"])

@@ -1,10 +1,12 @@
 """The names a user imports keep working: every ``from fencegate… import …`` in the README's
-code, the old spellings kept as aliases, and one error root under every public exception."""
+code, the contract's spelling of the middleware, and one error root under every public
+exception."""
 
 from __future__ import annotations
 
 import ast
 import importlib
+import importlib.util
 import inspect
 import pkgutil
 import re
@@ -36,17 +38,12 @@ def test_every_name_the_readme_imports_exists() -> None:
         assert hasattr(importlib.import_module(module), name), f"from {module} import {name}"
 
 
-def test_old_spellings_are_the_same_objects() -> None:
-    from fencegate.commands import actions as old_actions
-    from fencegate.gateway.problems import Problem as GatewayProblem
-    from fencegate.problems import Problem
-
+def test_the_contract_spelling_is_the_same_object_and_the_old_modules_are_gone() -> None:
+    """DESIGN §4 spells the middleware ``FenceGateMiddleware``; the shims of pre-1.0 module
+    paths are gone (their names live in fencegate.problems and fencegate.operator_actions)."""
     assert fencegate.FenceGateMiddleware is fencegate.FencegateMiddleware
-    assert GatewayProblem is Problem
-    import fencegate.operator_actions as operator_actions
-
-    for name in old_actions.__all__:
-        assert getattr(old_actions, name) is getattr(operator_actions, name)
+    for gone in ("fencegate.gateway.problems", "fencegate.commands.actions"):
+        assert importlib.util.find_spec(gone) is None, gone
 
 
 def _modules() -> list[str]:

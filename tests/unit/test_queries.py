@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from fencegate.store.queries import StoreKind, parse_queries, queries
+from fencegate.store.dburl import StoreKind
+from fencegate.store.queries import parse_queries, queries
 
 PACKAGE = Path(__file__).resolve().parents[2] / "fencegate"
 

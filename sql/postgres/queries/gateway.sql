@@ -39,9 +39,11 @@ WITH gone AS (
 SELECT count(*) FROM gone;
 
 -- name: mark_unknown
--- locked_until keeps the moment the outcome became unknown (shown to the caller).
+-- locked_until keeps the moment the outcome became unknown (shown to the caller); $7: the
+-- limit that fired.
 WITH marked AS (
-    UPDATE fencegate_idempotency_keys SET state = 'outcome_unknown', locked_until = now()
+    UPDATE fencegate_idempotency_keys
+    SET state = 'outcome_unknown', locked_until = now(), unknown_reason = $7
     WHERE tenant = $1 AND key = $2 AND owner = $3 AND attempt = $4 AND state = 'in_flight'
     RETURNING tenant, entity, key, fence, attempt, owner, expires_at
 ), history AS (

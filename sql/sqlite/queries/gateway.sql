@@ -21,17 +21,23 @@ SELECT * FROM fencegate_idempotency_keys WHERE tenant = ? AND key = ?;
 -- A new key, or one whose TTL ran out (not yet purged): reserved for this request.
 INSERT OR REPLACE INTO fencegate_idempotency_keys (
     tenant, key, fingerprint, state, owner, locked_until, attempt, entity, fence, created_at,
-    reserved_at, expires_at)
+    reserved_at, expires_at, method, target, request_body, reconcile_after)
 VALUES (
     :tenant, :key, :fingerprint, 'in_flight', :owner, :now + :lease_seconds, 1, :entity,
-    :fence, :now, :now, :now + :ttl_seconds);
+    :fence, :now, :now, :now + :ttl_seconds, :method, :target, :request_body,
+    :reconcile_after);
 
 -- name: key_take_over
 -- An unknown outcome on a route that retries: the same key, a new holder and attempt.
 UPDATE fencegate_idempotency_keys
 SET state = 'in_flight', owner = :owner, locked_until = :now + :lease_seconds,
-    reserved_at = :now, attempt = :attempt, entity = :entity, fence = :fence
+    reserved_at = :now, attempt = :attempt, entity = :entity, fence = :fence,
+    reconcile_after = :reconcile_after, unknown_reason = NULL
 WHERE tenant = :tenant AND key = :key;
+
+-- name: gateway_alive
+-- Whether a key's gateway process still heartbeats (it owes the key a write).
+SELECT 1 FROM fencegate_gateways WHERE instance = ? AND alive_until > ?;
 
 -- name: record_decision
 INSERT INTO fencegate_decisions (
@@ -47,7 +53,7 @@ VALUES (
 UPDATE fencegate_idempotency_keys
 SET state = 'completed', response_status = :status, response_headers = :headers,
     response_body = :body, response_sha256 = :sha256, body_too_large = :too_large,
-    completed_at = :now, locked_until = NULL
+    completed_at = :now, locked_until = NULL, reconcile_after = NULL
 WHERE tenant = :tenant AND key = :key AND owner = :owner AND attempt = :attempt
     AND state IN ('in_flight', 'outcome_unknown')
 RETURNING entity, fence, expires_at;
@@ -66,7 +72,8 @@ RETURNING entity, fence, expires_at, attempt;
 
 -- name: mark_unknown
 -- locked_until keeps the moment the outcome became unknown (shown to the caller).
-UPDATE fencegate_idempotency_keys SET state = 'outcome_unknown', locked_until = :now
+UPDATE fencegate_idempotency_keys
+SET state = 'outcome_unknown', locked_until = :now, unknown_reason = :reason
 WHERE tenant = :tenant AND key = :key AND owner = :owner AND attempt = :attempt
     AND state = 'in_flight'
 RETURNING entity, fence, expires_at;

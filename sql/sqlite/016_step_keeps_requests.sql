@@ -1,0 +1,1 @@
+-- Nothing to change on SQLite: its step is fencegate/store/sqlite.py.
