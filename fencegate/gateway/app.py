@@ -104,6 +104,7 @@ class GatewayApplication:
             store_timeout=settings.store_timeout,
             metrics=self.metrics,
             store_argument=operator_store_argument(settings.database_url),
+            release_margin=settings.release_margin,
         )
         routes = RouteTable(self.config.policies(), default=self.config.default_policy())
         self._client = HttpUpstream()

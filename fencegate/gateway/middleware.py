@@ -164,6 +164,7 @@ class FencegateMiddleware:
                     store_argument=operator_store_argument(self._database_url)
                     if self._owns_store or self._database_url
                     else "",
+                    release_margin=self._release_margin,
                 )
                 upstream = AppUpstream(self.app)
                 self._pipeline = Pipeline(

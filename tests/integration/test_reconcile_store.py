@@ -2,8 +2,9 @@
 safe by the one release rule), that two reconcilers never both get one key, and that each
 settling statement acts only on a key still as claimed.
 
-Keys are reserved by the store's own decision, then given the state, lease end and schedule a
-test needs in one UPDATE, relative to the database clock."""
+Keys are reserved by the store's own decision (for a reconciling route: it keeps the request
+and schedules the key), then given the state, lease end and schedule a test needs in one
+UPDATE, relative to the database clock."""
 
 from __future__ import annotations
 
@@ -44,6 +45,8 @@ REQUEST = DecideRequest(
     retry_unknown=False,
     method="POST",
     target="/v1/charges",
+    reconcile=True,  # the route reconciles: the step keeps the body and schedules the key
+    request_body=BODY,
 )
 
 
@@ -90,16 +93,14 @@ class Rows:
             """UPDATE fencegate_idempotency_keys SET state = $3::fencegate_key_state,
                    locked_until = now() - make_interval(secs => $4),
                    reconcile_after = now() + make_interval(secs => $5::float8),
-                   expires_at = now() + make_interval(secs => $6),
-                   method = 'POST', target = '/v1/charges', request_body = $7
+                   expires_at = now() + make_interval(secs => $6)
                WHERE tenant = $1 AND key = $2""",
             """UPDATE fencegate_idempotency_keys SET state = ?3,
                    locked_until = (julianday('now') - 2440587.5) * 86400.0 - ?4,
                    reconcile_after = (julianday('now') - 2440587.5) * 86400.0 + ?5,
-                   expires_at = (julianday('now') - 2440587.5) * 86400.0 + ?6,
-                   method = 'POST', target = '/v1/charges', request_body = ?7
+                   expires_at = (julianday('now') - 2440587.5) * 86400.0 + ?6
                WHERE tenant = ?1 AND key = ?2""",
-            tenant, key, state, locked_ago, due_in, expires_in, BODY,
+            tenant, key, state, locked_ago, due_in, expires_in,
         )  # fmt: skip
 
     async def row(self, key: str, tenant: str = "t1") -> dict[str, Any] | None:
@@ -256,6 +257,22 @@ async def test_a_key_whose_release_is_not_safe_or_not_due_is_not_touched(
     await reserve(store, "safe", owner="gw-gone:3:0000gone/1")
     await rows.shape("safe", state="in_flight" if owner_alive else "outcome_unknown")
     assert [c.key for c in await claim(reconciler)] == ["safe"]
+
+
+async def test_only_a_reconciling_routes_key_is_scheduled_and_keeps_its_body(
+    store: GatewayStore, reconciler: ReconcileStore, rows: Rows
+) -> None:
+    await reserve(store, "plain", reconcile=False, request_body=None)
+    await reserve(store, "kept")
+    plain, kept = await rows.row("plain"), await rows.row("kept")
+    assert plain is not None and plain["reconcile_after"] is None
+    assert kept is not None and -5.0 < kept["next_look"] <= 0.0
+    await rows.run(  # both past their lease and margin, as after a crash
+        "UPDATE fencegate_idempotency_keys SET locked_until = now() - interval '1 hour'",
+        "UPDATE fencegate_idempotency_keys SET locked_until = locked_until - 3600",
+    )
+    [claimed] = await claim(reconciler)
+    assert (claimed.key, claimed.state, claimed.body) == ("kept", "in_flight", BODY)
 
 
 async def test_an_in_flight_key_whose_gateway_died_is_claimed_after_lease_and_margin(
