@@ -29,6 +29,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from fencegate import tracing
+from fencegate.errors import StoreUnavailable
 from fencegate.gateway import spans
 from fencegate.gateway.decisions import log_reconciliation
 from fencegate.gateway.headers import NOT_REPLAYED
@@ -120,7 +121,11 @@ class Reconciler:
                 claimed = await self.run_once()
             except Exception as exc:
                 if not self._failing:
-                    logger.warning("reconciler: cannot claim keys, will keep trying: %s", exc)
+                    logger.warning(
+                        "reconciler: cannot claim keys, will keep trying: %s",
+                        exc,
+                        exc_info=not isinstance(exc, StoreUnavailable),
+                    )
                 self._failing = True
                 claimed = 0
             else:
@@ -170,15 +175,15 @@ class Reconciler:
             probe_ms = round((time.perf_counter() - started) * 1000, 3)
             outcome, next_try = await self._write(claimed, policy, result)
         except Exception as exc:
-            # The store could not take the result (or a bug): the claim's hold passes, and
-            # the key is looked at again.
+            # The store could not take the result (or a bug, whose traceback is logged): the
+            # claim's hold passes, and the key is looked at again.
             logger.error(
                 "reconciler: could not settle key %r (tenant %r): %s: %s",
                 claimed.key,
                 claimed.tenant,
                 type(exc).__name__,
                 exc,
-                exc_info=not isinstance(exc, OSError) and "Store" not in type(exc).__name__,
+                exc_info=not isinstance(exc, StoreUnavailable),
             )
             return
         note = result.note
