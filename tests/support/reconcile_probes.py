@@ -26,8 +26,6 @@ def _get(url: str) -> tuple[int, bytes]:
 
 
 async def charges_by_key(request: StoredRequest) -> Executed | NotExecuted | Unknown:
-    if request.key.startswith("undecided-"):
-        return Unknown("the ledger is being rebuilt")
     url = f"{os.environ['CHARGES_URL']}/v1/charges/by-key/{quote(request.key, safe='')}"
     status, body = await asyncio.to_thread(_get, url)
     if status == 200:
