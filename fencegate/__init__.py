@@ -1,7 +1,8 @@
 """fencegate: idempotency keys and fencing tokens for side effects.
 
 The receiver half (`FencegateMiddleware`, `fencegate serve`) and the worker half
-(`fencegate.lease`) speak one protocol; see the README.
+(`fencegate.lease`) speak one protocol; see docs/protocol.md, and the documentation site
+built from docs/.
 """
 
 from typing import TYPE_CHECKING, Any

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import logging
 import os
 import shutil
+import socket
 import tempfile
 from typing import Any
 
@@ -68,6 +70,12 @@ _OPTIONS: list[tuple[str, str, type, str]] = [
         "header_timeout",
         float,
         "seconds for a client to send a whole request head, else closed (10)",
+    ),
+    (
+        "--body-timeout",
+        "body_timeout",
+        float,
+        "seconds a request body may go without a byte, else 408 and closed (10)",
     ),
     (
         "--idle-timeout",
@@ -167,6 +175,7 @@ def apply_connection_limits(config: GatewayConfig) -> int:
         connections.ConnectionLimits(
             header_timeout=settings.header_timeout,
             idle_timeout=settings.idle_timeout,
+            body_timeout=settings.body_timeout,
             max_connections=most,
         )
     )
@@ -235,6 +244,27 @@ def check_store(config: GatewayConfig) -> StoreKind:
         ) from exc
 
 
+def check_address(host: str, port: int) -> None:
+    """Refuse to start, in one line, when the address cannot be listened on (a port another
+    process holds): uvicorn would first run the application's start-up, say "Application
+    startup complete", and only then fail to bind. Bound the way uvicorn binds it
+    (SO_REUSEADDR), then let go for uvicorn to take."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            held = (
+                " (another process is listening there; stop it or give --port)"
+                if (exc.errno == errno.EADDRINUSE)
+                else ""
+            )
+            raise CommandError(
+                f"cannot listen on {host}:{port}: {exc.strerror or exc}{held}"
+            ) from None
+
+
 def announce(
     config: GatewayConfig, *, signatures: bool, store_kind: StoreKind, max_connections: int
 ) -> None:
@@ -270,6 +300,7 @@ def announce(
         "listen": f"{settings.host}:{settings.port}",
         "max_connections": max_connections,
         "header_timeout": settings.header_timeout,
+        "body_timeout": settings.body_timeout,
         "idle_timeout": settings.idle_timeout,
     }
     described = "; ".join(
@@ -295,6 +326,7 @@ def run(args: argparse.Namespace) -> int:
     config = build_config(overrides)
     settings = config.settings
     configure_logging(config)
+    check_address(settings.host, settings.port)
     # The store first: a bad --database-url is the only line printed, not after the keys'.
     store_kind = check_store(config)
     authenticator = check_authenticator(config)

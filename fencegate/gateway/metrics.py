@@ -56,6 +56,14 @@ class GatewayMetrics:
             ["route", "result"],
             registry=self.registry,
         )
+        self.internal_errors = Counter(
+            "fencegate_internal_errors",
+            "Faults in fencegate's own code (bugs, answered 500 internal-error; never a store "
+            "outage), by where they were caught: decide, record, renew, owed_write, "
+            "authenticate, request.",
+            ["where"],
+            registry=self.registry,
+        )
         # Label children are cached: looking one up per request is most of the cost.
         self._decisions: dict[tuple[str, str], Counter] = {}
         self._operations: dict[str, Histogram] = {}
@@ -72,6 +80,9 @@ class GatewayMetrics:
 
     def reconciled(self, route: str, result: str) -> None:
         self.reconciliations.labels(route=route, result=result).inc()
+
+    def internal_error(self, where: str) -> None:
+        self.internal_errors.labels(where=where).inc()
 
     def store_latency(self, operation: str) -> Histogram:
         child = self._operations.get(operation)

@@ -8,12 +8,11 @@ line at start-up rather than a 500 on every keyed request.
 
 from __future__ import annotations
 
-import shlex
 from typing import Literal
 
 from fencegate.errors import FencegateError
 from fencegate.store.base import GatewayStore
-from fencegate.store.dburl import parse_database_url, redacted
+from fencegate.store.dburl import redacted
 from fencegate.store.migrations import migration_files
 
 
@@ -31,14 +30,11 @@ def schema_version(kind: Literal["postgresql", "sqlite"]) -> str:
 
 
 def operator_store_argument(url: str | None) -> str:
-    """``--database-url …`` for the commands a 424 problem tells an operator to run. A SQLite
-    store is named by its absolute path (the operator's shell is rarely in the gateway's
-    directory); a PostgreSQL URL names internal hosts, so API clients are not told it: the
-    command reads the operator's own ``FENCEGATE_DATABASE_URL``."""
-    target = parse_database_url(url)
-    if target.kind == "sqlite":
-        assert target.sqlite_path is not None
-        return "--database-url " + shlex.quote(f"sqlite:///{target.sqlite_path.resolve()}")
+    """``--database-url …`` for the commands a 424 problem tells an operator to run. The
+    body goes to API clients, who must learn nothing of the server: not a PostgreSQL URL's
+    internal hosts, nor a SQLite file's path. The command reads the operator's own
+    ``FENCEGATE_DATABASE_URL`` (the gateway's start-up line names the store)."""
+    del url  # the same words whatever the store: its location stays on the server
     return '--database-url "$FENCEGATE_DATABASE_URL"'
 
 

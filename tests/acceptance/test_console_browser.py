@@ -5,7 +5,7 @@ The store holds the story of the trace command's tests: a job with two attempts 
 lease ran out, worker-2 took over), worker-1's late request fenced off, and the charge key
 stuck in outcome unknown. The operator follows that key from the overview to its trace and
 resolves it with confirmation; a viewer cannot act, a tenant's token sees no other tenant, and
-a POST without the CSRF token is refused. The pages' screenshots for the README are taken
+a POST without the CSRF token is refused. The pages' screenshots for the documentation are taken
 only when asked: ``FENCEGATE_SCREENSHOTS=docs/console python -m pytest -k operator_follows
 tests/acceptance/test_console_browser.py`` (a test run leaves the tree clean).
 """
@@ -34,7 +34,7 @@ from tests.support.stories import two_workers_one_fenced_off
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]  # fmt: skip
-# Where the README's screenshots go, only when asked (a path, relative to the repository).
+# Where the documentation's screenshots go, only when asked (a path, relative to the repository).
 SHOTS = os.environ.get("FENCEGATE_SCREENSHOTS")
 KEY = "capture:inv-1:POST /v1/charges"
 SECRETS = {"night-op": "operator-secret-0123456789", "watcher": "viewer-secret-0123456789",

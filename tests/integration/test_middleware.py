@@ -79,6 +79,18 @@ async def test_sorted_query_is_the_same_request(echo: EchoApp, store: GatewaySto
     assert echo.calls["k"] == 1
 
 
+async def test_a_repeated_parameter_in_another_order_is_another_request(
+    echo: EchoApp, store: GatewayStore
+) -> None:
+    app = gateway(echo, store)
+    await call(app, "POST", "/q", headers=keyed("k"), query="a=1&b=3&a=2")
+    same = await call(app, "POST", "/q", headers=keyed("k"), query="b=3&a=1&a=2")
+    assert same.header("idempotent-replayed") == "true"
+    other = await call(app, "POST", "/q", headers=keyed("k"), query="a=2&b=3&a=1")
+    assert_problem(other, 422, "key-reused")
+    assert echo.calls["k"] == 1
+
+
 @pytest.mark.parametrize(
     ("path", "query", "body", "method"),
     [("/other", "", b"{}", "POST"), ("/orders", "x=1", b"{}", "POST"),

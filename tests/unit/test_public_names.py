@@ -1,6 +1,6 @@
-"""The names a user imports keep working: every ``from fencegate… import …`` in the README's
-code, the contract's spelling of the middleware, and one error root under every public
-exception."""
+"""The names a user imports keep working: every ``from fencegate… import …`` in the code of the
+README and of the documentation site, the contract's spelling of the middleware, and one error
+root under every public exception."""
 
 from __future__ import annotations
 
@@ -15,13 +15,16 @@ from pathlib import Path
 import fencegate
 from fencegate import FencegateError
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 
 def readme_imports() -> list[tuple[str, str]]:
-    """(module, name) for every name the README's Python blocks import from fencegate."""
+    """(module, name) for every name the Python blocks of the README and the documentation
+    import from fencegate."""
     names: list[tuple[str, str]] = []
-    for block in re.findall(r"```python\n(.*?)```", README.read_text(), re.S):
+    text = "\n".join(page.read_text(encoding="utf-8") for page in PAGES)
+    for block in re.findall(r"```python\n(.*?)```", text, re.S):
         for line in block.splitlines():
             if not line.startswith("from fencegate"):
                 continue
@@ -33,7 +36,8 @@ def readme_imports() -> list[tuple[str, str]]:
 
 def test_every_name_the_readme_imports_exists() -> None:
     names = readme_imports()
-    assert ("fencegate", "FencegateMiddleware") in names  # the README's middleware example
+    assert ("fencegate", "FencegateMiddleware") in names  # the middleware example
+    assert ("fencegate.lease", "Worker") in names  # the workers guide
     for module, name in names:
         assert hasattr(importlib.import_module(module), name), f"from {module} import {name}"
 

@@ -2,9 +2,9 @@
 distributed by tenant (Citus) and each statement routed to one shard: the named statements
 of sql/postgres/queries/gateway.sql and every statement in the newest fencegate_step.
 
-The statements that span tenants on purpose are listed, with why (see the README's
-capacity model): expiry purges, run by the gateway's purger and `fencegate purge`, which a
-distributed table runs on every shard in parallel."""
+The statements that span tenants on purpose are listed, with why (see the capacity model,
+docs/operations/capacity.md): expiry purges, run by the gateway's purger and `fencegate purge`,
+which a distributed table runs on every shard in parallel."""
 
 from __future__ import annotations
 
