@@ -134,6 +134,7 @@ class GatewayApplication:
                 interval=settings.reconcile_interval,
                 store_timeout=settings.store_timeout,
                 metrics=self.metrics,
+                internal_errors=engine.internal_errors,
             )
             self.reconciler.start()
 

@@ -60,7 +60,7 @@ class GatewayMetrics:
             "fencegate_internal_errors",
             "Faults in fencegate's own code (bugs, answered 500 internal-error; never a store "
             "outage), by where they were caught: decide, record, renew, owed_write, "
-            "authenticate, request.",
+            "authenticate, request, reconcile.",
             ["where"],
             registry=self.registry,
         )

@@ -184,6 +184,7 @@ class FencegateMiddleware:
                         interval=self._reconcile_interval,
                         store_timeout=self._store_timeout,
                         metrics=self.metrics,
+                        internal_errors=engine.internal_errors,
                     )
                     self.reconciler.start()
             return self._pipeline

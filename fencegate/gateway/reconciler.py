@@ -47,6 +47,7 @@ from fencegate.gateway.reconcile import (
 from fencegate.gateway.routes import RoutePolicy, RouteTable
 from fencegate.gateway.target import parse_target
 from fencegate.gateway.upstream import Upstream, UpstreamOutcomeUnknown, UpstreamRefused
+from fencegate.internal_errors import InternalErrors
 from fencegate.problems import Problem
 from fencegate.store.base import GatewayStore, StoredResponse
 from fencegate.store.reconcile import ClaimedKey, backoff, reconcile_store
@@ -82,7 +83,10 @@ class Reconciler:
         batch: int = DEFAULT_BATCH,
         store_timeout: float = 2.0,
         metrics: GatewayMetrics | None = None,
+        internal_errors: InternalErrors | None = None,
     ) -> None:
+        """``internal_errors``: where a fault in fencegate's own code is reported (the
+        engine's, so that they are counted together)."""
         if interval <= 0:
             raise ValueError("the reconcile interval must be longer than zero seconds")
         self.store = reconcile_store(store)
@@ -95,6 +99,9 @@ class Reconciler:
         self.batch = batch
         self.store_timeout = float(store_timeout)
         self.metrics = metrics
+        self.internal_errors = internal_errors or InternalErrors(
+            logger, count=metrics.internal_error if metrics is not None else None
+        )
         # A claimed key is not looked at again before its probe and settling can have ended:
         # the slowest reconciling route's timeout, and two store round trips.
         slowest = max((r.timeout for r in reconciling(routes)), default=0.0)
@@ -119,14 +126,13 @@ class Reconciler:
         while True:
             try:
                 claimed = await self.run_once()
-            except Exception as exc:
+            except StoreUnavailable as exc:
                 if not self._failing:
-                    logger.warning(
-                        "reconciler: cannot claim keys, will keep trying: %s",
-                        exc,
-                        exc_info=not isinstance(exc, StoreUnavailable),
-                    )
+                    logger.warning("reconciler: cannot claim keys, will keep trying: %s", exc)
                 self._failing = True
+                claimed = 0
+            except Exception as exc:
+                self.internal_errors.report(exc, where="reconcile", about="claiming keys")
                 claimed = 0
             else:
                 if self._failing:
@@ -174,17 +180,19 @@ class Reconciler:
             result, probe_status = await self._probe(policy, stored)
             probe_ms = round((time.perf_counter() - started) * 1000, 3)
             outcome, next_try = await self._write(claimed, policy, result)
-        except Exception as exc:
-            # The store could not take the result (or a bug, whose traceback is logged): the
-            # claim's hold passes, and the key is looked at again.
-            logger.error(
-                "reconciler: could not settle key %r (tenant %r): %s: %s",
+        except StoreUnavailable as exc:
+            # The store could not take the result: the claim's hold passes, and the key is
+            # looked at again (here or in another gateway).
+            logger.warning(
+                "reconciler: could not settle key %r (tenant %r): %s",
                 claimed.key,
                 claimed.tenant,
-                type(exc).__name__,
                 exc,
-                exc_info=not isinstance(exc, StoreUnavailable),
             )
+            return
+        except Exception as exc:
+            about = f"key {claimed.key!r} of tenant {claimed.tenant!r}"
+            self.internal_errors.report(exc, where="reconcile", about=about)
             return
         note = result.note
         fields = {

@@ -9,6 +9,7 @@ import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 
 from fencegate import FencegateMiddleware, tracing
+from fencegate.gateway import reconciler as reconciler_module
 from fencegate.gateway.reconcile import HttpProbe
 from fencegate.gateway.routes import RoutePolicy
 from fencegate.store import GatewayStore
@@ -103,3 +104,30 @@ async def test_each_key_asked_about_is_a_span_when_traces_are_on(
     assert attributes["fencegate.reconcile.result"] == "completed"
     assert attributes["http.response.status_code"] == 200
     assert "answered 200" in str(attributes["fencegate.reconcile.note"])
+
+
+async def test_a_bug_in_the_reconciler_is_an_internal_error_and_the_key_stays(
+    store: GatewayStore, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(*_: object) -> None:
+        raise KeyError("status")
+
+    monkeypatch.setattr(reconciler_module, "stored_answer", broken)
+    app = FencegateMiddleware(
+        ChargesApp(), store=store, routes=[ROUTE], store_timeout=30.0, release_margin=0.2,
+        reconcile_interval=0.05,
+    )  # fmt: skip
+    key = f"bug-{uuid.uuid4().hex[:8]}"
+    try:
+        assert (await post(app, key, ("x-upstream-delay", "3"))).status == 504
+
+        def counted() -> bool:
+            return b'fencegate_internal_errors_total{where="reconcile"}' in app.metrics.render()
+
+        await wait_until(counted, timeout=30, what="the fault counted")
+        assert (await post(app, key)).status == 424  # left as it was, for another try
+    finally:
+        await app.close()
+    faults = [r for r in caplog.records if "internal error in reconcile: builtins.KeyError" in
+              r.getMessage()]  # fmt: skip
+    assert faults and faults[0].exc_info is not None  # the traceback, the first time
