@@ -183,6 +183,10 @@ def _type_name(annotation: Any) -> str:
         return "string (secret)"
     if getattr(annotation, "__name__", "") == "EntityRule":
         return "string"
+    if getattr(annotation, "__name__", "") == "HttpProbe":
+        return "table"  # a route's reconcile probe
+    if getattr(annotation, "__name__", "") == "CallableProbe":
+        return 'string ("package.module:function")'
     return str(getattr(annotation, "__name__", annotation))
 
 

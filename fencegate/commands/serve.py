@@ -49,6 +49,19 @@ _OPTIONS: list[tuple[str, str, type, str]] = [
         float,
         "on SIGTERM, how long to keep recording answers the store has not taken (10)",
     ),
+    (
+        "--release-margin",
+        "release_margin",
+        float,
+        "seconds a request may still be on its way after its lease ended; keys are released "
+        "only after it (30)",
+    ),
+    (
+        "--reconcile-interval",
+        "reconcile_interval",
+        float,
+        "seconds between the reconciler's looks for keys to settle, 0 for none (1)",
+    ),
     ("--log-level", "log_level", str, "critical, error, warning, info, debug (info)"),
     ("--log-format", "log_format", str, "text, or json: one object per line on stderr (text)"),
     ("--workers", "workers", int, "worker processes (1)"),
@@ -273,6 +286,7 @@ def announce(
             "on_unknown": p.on_unknown,
             "timeout": p.timeout,
             "error_format": p.error_format,
+            "reconcile": p.reconcile.describe() if p.reconcile is not None else None,
         }
         for p in policies
     ]
@@ -292,6 +306,7 @@ def announce(
     described = "; ".join(
         f"{r['prefix']} methods={','.join(r['methods'])} on_unknown={r['on_unknown']} "
         f"timeout={r['timeout']:g}s error_format={r['error_format']}"
+        + (f" reconcile={r['reconcile']!r}" if r["reconcile"] else "")
         for r in routes
     )
     logging.getLogger("fencegate.gateway").info(

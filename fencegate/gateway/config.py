@@ -48,6 +48,13 @@ class GatewaySettings(BaseSettings):
     )
     # Refuse a PostgreSQL whose standbys all replicate asynchronously (else: one warning).
     require_synchronous_replication: bool = False
+    # The longest a request may still be on its way to the upstream after its gateway
+    # stopped being allowed to send it: a key is released (by the reconciler, an operator)
+    # only this long after its lease ended or its outcome became unknown.
+    release_margin: float = Field(default=30.0, ge=0)
+    # How often the reconciler looks for keys of reconciling routes to settle (seconds,
+    # with jitter); 0: no reconciler in this process.
+    reconcile_interval: float = Field(default=1.0, ge=0)
     # On SIGTERM, how long to keep trying to record answers the store has not taken yet.
     shutdown_grace_seconds: float = Field(default=10.0, ge=0)
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"

@@ -205,6 +205,8 @@ class Engine:
                 request_id=request.request_id,
                 method=request.method,
                 target=request.path,  # never the query: it may carry secrets
+                reconcile=policy.reconcile is not None,
+                request_body=request.body if policy.reconcile is not None else None,
             )
         )
         outcome = decision.outcome

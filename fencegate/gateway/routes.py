@@ -12,6 +12,7 @@ import orjson
 from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
+from fencegate.gateway.reconcile import ReconcileRule, reconcile_rule
 from fencegate.problems import Problem
 
 DEFAULT_KEY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
@@ -219,6 +220,17 @@ class RoutePolicy:
             "or stripe (Stripe's error object, for clients written against Stripe's API)"
         ),
     ] = "problem"
+    reconcile: Annotated[
+        ReconcileRule | None,
+        BeforeValidator(reconcile_rule),
+        Field(
+            description="how fencegate asks the upstream whether a request whose outcome is "
+            "unknown ran, instead of waiting for an operator: a probe table { method, target, "
+            "executed, not_executed, headers } (target placeholders {key}, {entity}, {fence}, "
+            '{json.<field>}) or an async function "package.module:function"; unset: an '
+            "operator settles such keys (see the reconciliation guide)"
+        ),
+    ] = None
 
     def stores(self, status: int) -> bool:
         if self.stored_statuses is not None:

@@ -15,8 +15,9 @@ from fencegate.store.queries import queries
 
 TENANT_TABLES = ("fencegate_idempotency_keys", "fencegate_fences", "fencegate_decisions")
 
-# Statements meant to span tenants: maintenance by expiry time, not a request's decision.
-SPANS_TENANTS = {"purge_keys", "purge_fences", "purge_decisions"}
+# Statements meant to span tenants: maintenance by expiry time, not a request's decision;
+# and the reconciler's poll for due keys (it settles each by its tenant and key).
+SPANS_TENANTS = {"purge_keys", "purge_fences", "purge_decisions", "reconcile_claim"}
 
 
 def touched_tables(sql: str) -> set[str]:
