@@ -22,7 +22,10 @@ from tests.support.processes import REPO_ROOT
 LAST_PRE_1_0 = "8b67c41"
 FOLDER = {"postgresql": "sql/postgres", "sqlite": "sql/sqlite"}
 
-_BOOKKEEPING = "CREATE TABLE IF NOT EXISTS fencegate_migrations (name TEXT PRIMARY KEY, applied_at TEXT NOT NULL)"
+_BOOKKEEPING = (
+    "CREATE TABLE IF NOT EXISTS fencegate_migrations "
+    "(name TEXT PRIMARY KEY, applied_at TEXT NOT NULL)"
+)
 
 
 def _git(*args: str) -> str:
