@@ -6,6 +6,7 @@ from fencegate.store.backends import Part, open_part
 from fencegate.store.base import (
     DecideRequest,
     Decision,
+    GatewayRow,
     GatewayStore,
     KeyRecord,
     Outcome,
@@ -23,6 +24,7 @@ from fencegate.store.sqlite import SQLiteGatewayStore
 __all__ = [
     "DecideRequest",
     "Decision",
+    "GatewayRow",
     "GatewayStore",
     "KeyRecord",
     "Outcome",

@@ -131,6 +131,23 @@ class PurgeCounts:
     decisions: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class GatewayRow:
+    """One gateway process in the registry (times in epoch seconds, database clock)."""
+
+    instance: str  # Engine.owner: host:pid:uuid8
+    host: str
+    pid: int
+    started_at: float
+    heartbeat_at: float
+    alive_until: float
+    now: float
+
+    @property
+    def alive(self) -> bool:
+        return self.alive_until > self.now
+
+
 class GatewayStore(abc.ABC):
     """The gateway's store on one backend (`PostgresGatewayStore`, `SQLiteGatewayStore`),
     built on the connection layer `fencegate.store.backends` opened for it."""
@@ -228,6 +245,32 @@ class GatewayStore(abc.ABC):
             total += deleted
             if deleted < args[0]:
                 return total
+
+    # -- the gateway registry (fencegate.gateway.registry) --------------------------------
+
+    async def heartbeat_gateway(
+        self, instance: str, *, host: str, pid: int, alive_seconds: float, timeout: float
+    ) -> None:
+        """Register the gateway process ``instance``, or keep it registered: alive for
+        ``alive_seconds`` from now (database clock)."""
+        args = (instance, host, int(pid), float(alive_seconds))
+        await self._db.execute(self.queries.gateway_heartbeat, args, timeout=timeout)
+
+    async def deregister_gateway(self, instance: str, *, timeout: float) -> bool:
+        """A clean stop: the process owes no write any more."""
+        return (
+            await self._db.execute(self.queries.gateway_deregister, (instance,), timeout=timeout)
+            > 0
+        )
+
+    async def purge_gateways(self, *, dead_for_seconds: float, timeout: float) -> int:
+        """Forget processes whose registration ran out that long ago (killed, not stopped)."""
+        args = (float(dead_for_seconds),)
+        return await self._db.execute(self.queries.gateway_purge, args, timeout=timeout)
+
+    async def gateways(self, *, timeout: float) -> list[GatewayRow]:
+        rows = await self._db.fetch(self.queries.gateways, (), timeout=timeout)
+        return [GatewayRow(**row) for row in rows]
 
     async def ping(self, *, timeout: float) -> None:
         await self._db.fetch(self.queries.ping, (), timeout=timeout)

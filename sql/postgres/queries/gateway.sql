@@ -137,3 +137,28 @@ DELETE FROM fencegate_decisions WHERE id = ANY(ARRAY(
 
 -- name: ping
 SELECT 1;
+
+-- The gateway registry: each gateway process heartbeats its row (fencegate/gateway/registry.py).
+
+-- name: gateway_heartbeat
+-- Registers the process, or keeps it alive: alive until $4 seconds from now (database clock).
+INSERT INTO fencegate_gateways AS g (instance, host, pid, alive_until)
+VALUES ($1, $2, $3, now() + make_interval(secs => $4))
+ON CONFLICT (instance) DO UPDATE
+SET heartbeat_at = now(), alive_until = EXCLUDED.alive_until;
+
+-- name: gateway_deregister
+-- A clean stop, once the process owes no write.
+DELETE FROM fencegate_gateways WHERE instance = $1;
+
+-- name: gateway_purge
+-- Rows of processes that stopped without deregistering ($1: seconds since they expired).
+DELETE FROM fencegate_gateways WHERE alive_until < now() - make_interval(secs => $1);
+
+-- name: gateways
+SELECT instance, host, pid,
+    extract(epoch FROM started_at)::float8 AS started_at,
+    extract(epoch FROM heartbeat_at)::float8 AS heartbeat_at,
+    extract(epoch FROM alive_until)::float8 AS alive_until,
+    extract(epoch FROM now())::float8 AS now
+FROM fencegate_gateways ORDER BY instance;

@@ -135,3 +135,25 @@ DELETE FROM fencegate_decisions WHERE id IN (
 
 -- name: ping
 SELECT 1;
+
+-- The gateway registry: each gateway process heartbeats its row (fencegate/gateway/registry.py).
+
+-- name: gateway_heartbeat
+-- Registers the process, or keeps it alive: alive until ?4 seconds from now (database clock).
+INSERT INTO fencegate_gateways (instance, host, pid, started_at, heartbeat_at, alive_until)
+VALUES (?1, ?2, ?3, (julianday('now') - 2440587.5) * 86400.0,
+    (julianday('now') - 2440587.5) * 86400.0, (julianday('now') - 2440587.5) * 86400.0 + ?4)
+ON CONFLICT (instance) DO UPDATE
+SET heartbeat_at = excluded.heartbeat_at, alive_until = excluded.alive_until;
+
+-- name: gateway_deregister
+DELETE FROM fencegate_gateways WHERE instance = ?1;
+
+-- name: gateway_purge
+DELETE FROM fencegate_gateways
+WHERE alive_until < (julianday('now') - 2440587.5) * 86400.0 - ?1;
+
+-- name: gateways
+SELECT instance, host, pid, started_at, heartbeat_at, alive_until,
+    (julianday('now') - 2440587.5) * 86400.0 AS now
+FROM fencegate_gateways ORDER BY instance;

@@ -1,0 +1,75 @@
+"""The gateway registry as the stores keep it, on both backends: a process registers, its
+heartbeats keep its row alive three heartbeats ahead (database clock), a clean stop deletes
+it, and rows of processes dead for long are purged."""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+import asyncpg
+import pytest
+
+from fencegate.gateway.registry import GatewayRegistry
+from fencegate.store import GatewayStore
+from fencegate.store.dburl import parse_database_url
+from tests.support.waits import wait_until
+
+pytestmark = pytest.mark.timeout(120)
+
+T = 30.0
+GATEWAY = "gw-a:4242:0badcafe"  # Engine.owner: host:pid:uuid8
+
+
+async def sql(url: str, pg: str, lite: str, *args: Any) -> None:
+    """One statement on the store's database, outside fencegate (the test's own hand)."""
+    target = parse_database_url(url)
+    if target.kind == "postgresql":
+        conn = await asyncpg.connect(url)
+        try:
+            await conn.execute(pg, *args)
+        finally:
+            await conn.close()
+        return
+    assert target.sqlite_path is not None
+    db = sqlite3.connect(target.sqlite_path)
+    try:
+        db.execute(lite, args)
+        db.commit()
+    finally:
+        db.close()
+
+
+async def test_a_registry_heartbeats_and_leaves_cleanly(store: GatewayStore) -> None:
+    registry = GatewayRegistry(store, GATEWAY, heartbeat=0.2, timeout=T)
+    await registry.start()
+    try:
+        [row] = await store.gateways(timeout=T)
+        assert (row.instance, row.host, row.alive) == (GATEWAY, registry.host, True)
+        assert row.alive_until - row.heartbeat_at == pytest.approx(0.6, abs=0.05)
+        first = row.heartbeat_at
+
+        async def beaten() -> bool:
+            [now] = await store.gateways(timeout=T)
+            return now.heartbeat_at > first
+
+        await wait_until(beaten, timeout=T, what="a second heartbeat")
+    finally:
+        await registry.stop()
+    assert await store.gateways(timeout=T) == []
+
+
+async def test_rows_of_gateways_dead_for_long_are_purged(
+    store: GatewayStore, store_url: str
+) -> None:
+    await store.heartbeat_gateway("gw-old:1:00000001", host="h", pid=1, alive_seconds=1, timeout=T)
+    await store.heartbeat_gateway("gw-new:1:00000002", host="h", pid=2, alive_seconds=60, timeout=T)
+    await sql(
+        store_url,
+        "UPDATE fencegate_gateways SET alive_until = now() - interval '2 days'"
+        " WHERE instance = 'gw-old:1:00000001'",
+        "UPDATE fencegate_gateways SET alive_until = alive_until - 2 * 86400"
+        " WHERE instance = 'gw-old:1:00000001'",
+    )
+    assert await store.purge_gateways(dead_for_seconds=86400, timeout=T) == 1
+    assert [g.instance for g in await store.gateways(timeout=T)] == ["gw-new:1:00000002"]
