@@ -11,12 +11,15 @@ subclass holds its backend's `Database` and the statements that differ.
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, ClassVar, Literal
 
 from fencegate.errors import StoreUnavailable
+from fencegate.store.audit import AuditEntry
 from fencegate.store.queries import Queries
+from fencegate.store.release_rule import DEFAULT_RELEASE_MARGIN
 
 if TYPE_CHECKING:
     from fencegate.store.backends import NamedQueries
@@ -114,13 +117,45 @@ class KeyRecord:
     expires_at: float
     response_status: int | None
     now: float
+    # The request as routed (never its query or body), and how an unknown outcome ended.
+    method: str | None = None
+    target: str | None = None
+    unknown_reason: str | None = None  # the limit that fired
+    resolution: str | None = None  # reconciled | operator | forced
+    reconcile_after: float | None = None  # when the reconciler looks next (None: it does not)
+    reconcile_tries: int = 0
+    reconcile_note: str | None = None
+    # Its gateway process's registry row (None: none, the process stopped or never ran).
+    gateway_heartbeat_at: float | None = None
+    gateway_alive_until: float | None = None
+    # What the release rule says of it at ``now`` with ``release_margin`` (None: releasing,
+    # or recording an answer for it, is safe now); `fencegate.store.release` explains it.
+    release_blocker: str | None = None
+    release_margin: float = DEFAULT_RELEASE_MARGIN
 
 
 class ResolveResult(StrEnum):
     COMPLETED = "completed"  # the operator's answer is stored and will be replayed
     RELEASED = "released"  # the key is gone: the next request runs again
     NOT_FOUND = "not_found"
-    NOT_UNKNOWN = "not_unknown"  # completed, or in flight under a live lease: left alone
+    NOT_UNKNOWN = "not_unknown"  # completed: nothing to release, left alone
+    BLOCKED = "blocked"  # the release rule refused: a copy may still reach the upstream
+
+
+@dataclass(frozen=True, slots=True)
+class Resolution:
+    """What an operator's resolve did. ``before`` is the key as the resolve's transaction
+    read it (for BLOCKED, with the release blocker that refused it), ``after`` as it left it
+    (None once released)."""
+
+    result: ResolveResult
+    before: KeyRecord | None = None
+    after: KeyRecord | None = None
+    forced: bool = False
+
+
+# What a resolve's caller audits, given what it did: written in the resolve's transaction.
+ResolveAudit = Callable[[Resolution], AuditEntry]
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,7 +237,11 @@ class GatewayStore(abc.ABC):
     ) -> bool: ...
 
     @abc.abstractmethod
-    async def get_key(self, tenant: str, key: str, *, timeout: float) -> KeyRecord | None: ...
+    async def get_key(
+        self, tenant: str, key: str, *, margin: float = DEFAULT_RELEASE_MARGIN, timeout: float
+    ) -> KeyRecord | None:
+        """One key as an operator sees it, with what the release rule says of it now given
+        the release ``margin`` (seconds)."""
 
     @abc.abstractmethod
     async def resolve_key(
@@ -212,11 +251,19 @@ class GatewayStore(abc.ABC):
         response: StoredResponse | None,
         *,
         resolved_by: str,
+        margin: float = DEFAULT_RELEASE_MARGIN,
+        force: bool = False,
+        audit: ResolveAudit | None = None,
         timeout: float,
-    ) -> ResolveResult:
-        """An operator's answer for a key whose outcome is unknown (marked so, or in flight
-        with an expired lease): store ``response`` as its result, or with None release it.
-        Any other key is left alone."""
+    ) -> Resolution:
+        """Someone other than its gateway settles a key that is in flight or of unknown
+        outcome: store ``response`` as its result, or with None release it (the next request
+        runs again). Only when the release rule allows it now (no copy of its request can
+        still reach the upstream, given the release ``margin`` in seconds), checked in the
+        statement or transaction that makes the change; else BLOCKED, and the key is left
+        alone. ``force`` skips the rule (never for a completed key) and marks the key's
+        resolution ``forced`` (else ``operator``). ``audit`` gives the audit row, written in
+        the same transaction: the change and its record land together or not at all."""
 
     async def purge(
         self,
