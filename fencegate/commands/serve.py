@@ -48,6 +48,20 @@ _OPTIONS: list[tuple[str, str, type, str]] = [
         float,
         "on SIGTERM, how long to keep recording answers the store has not taken (10)",
     ),
+    (
+        "--gateway-heartbeat",
+        "gateway_heartbeat",
+        float,
+        "seconds between this process's heartbeats in the store's gateway registry; it counts "
+        "as alive for three (2)",
+    ),
+    (
+        "--release-margin",
+        "release_margin",
+        float,
+        "seconds a request may still be on its way to the upstream after its lease ended: "
+        "keys are released by anyone else only after it (30)",
+    ),
     ("--log-level", "log_level", str, "critical, error, warning, info, debug (info)"),
     ("--log-format", "log_format", str, "text, or json: one object per line on stderr (text)"),
     ("--workers", "workers", int, "worker processes (1)"),

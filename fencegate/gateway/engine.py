@@ -47,6 +47,7 @@ from fencegate.store.base import (
     StoreUnavailable,
 )
 from fencegate.store.key_states import LEASE_EXPIRED, operator_state
+from fencegate.store.release_rule import DEFAULT_RELEASE_MARGIN
 from fencegate.types import IncomingRequest
 
 logger = logging.getLogger("fencegate.gateway")
@@ -93,6 +94,7 @@ class Engine:
         store_timeout: float = 2.0,
         metrics: GatewayMetrics | None = None,
         store_argument: str = "",
+        release_margin: float = DEFAULT_RELEASE_MARGIN,
     ) -> None:
         if lease_seconds <= 0:
             raise ValueError("the in-flight lease must be longer than zero seconds")
@@ -107,6 +109,8 @@ class Engine:
         self.latency = RouteLatency()
         # How the resolve commands in a 424 name this store (`operator_store_argument`).
         self.store_argument = store_argument
+        # The release rule's margin (seconds): the 424 says when releasing becomes safe.
+        self.release_margin = float(release_margin)
         # Whether the store took the latest decision (``/healthz`` reports it).
         self.decisions = DecisionOutcomes()
         # Writes owed to the store after the upstream acted, kept trying in the background.

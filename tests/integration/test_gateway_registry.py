@@ -1,6 +1,7 @@
 """The gateway registry as the stores keep it, on both backends: a process registers, its
 heartbeats keep its row alive three heartbeats ahead (database clock), a clean stop deletes
-it, and rows of processes dead for long are purged."""
+it, rows of processes dead for long are purged, and the ASGI middleware registers while it
+runs."""
 
 from __future__ import annotations
 
@@ -10,9 +11,13 @@ from typing import Any
 import asyncpg
 import pytest
 
+from fencegate import FencegateMiddleware
 from fencegate.gateway.registry import GatewayRegistry
-from fencegate.store import GatewayStore
+from fencegate.gateway.routes import RoutePolicy
+from fencegate.store import GatewayStore, open_gateway_store
 from fencegate.store.dburl import parse_database_url
+from tests.support.asgi import call
+from tests.support.echo_app import EchoApp
 from tests.support.waits import wait_until
 
 pytestmark = pytest.mark.timeout(120)
@@ -73,3 +78,25 @@ async def test_rows_of_gateways_dead_for_long_are_purged(
     )
     assert await store.purge_gateways(dead_for_seconds=86400, timeout=T) == 1
     assert [g.instance for g in await store.gateways(timeout=T)] == ["gw-new:1:00000002"]
+
+
+async def test_the_middleware_registers_while_it_runs(store_url: str) -> None:
+    gate = FencegateMiddleware(
+        EchoApp(), database_url=store_url, routes=[RoutePolicy(prefix="/v1")],
+        store_timeout=T, gateway_heartbeat=0.5,
+    )  # fmt: skip
+    store = await open_gateway_store(store_url, run_migrations=False, pool_max_size=2)
+    try:
+        answer = await call(
+            gate, "POST", "/v1/charges", body=b"{}", headers=[("idempotency-key", "m-1")]
+        )
+        assert answer.status == 200, answer.body
+        assert gate.registry is not None
+        [row] = await store.gateways(timeout=T)
+        assert row.instance == gate.registry.instance and row.alive
+        assert row.alive_until - row.heartbeat_at == pytest.approx(1.5, abs=0.05)
+        await gate.close()
+        assert await store.gateways(timeout=T) == []
+    finally:
+        await gate.close()
+        await store.close()
