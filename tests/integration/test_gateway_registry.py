@@ -5,6 +5,7 @@ runs."""
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 from typing import Any
 
@@ -61,6 +62,25 @@ async def test_a_registry_heartbeats_and_leaves_cleanly(store: GatewayStore) -> 
         await wait_until(beaten, timeout=T, what="a second heartbeat")
     finally:
         await registry.stop()
+    assert await store.gateways(timeout=T) == []
+
+
+async def test_a_heartbeat_the_store_does_not_take_is_logged_never_raised(
+    store_url: str, store: GatewayStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    away = await open_gateway_store(store_url, run_migrations=False, pool_max_size=2)
+    await away.close()  # every call now fails, as with a store that is away
+    registry = GatewayRegistry(away, GATEWAY, heartbeat=60, timeout=T)
+    with caplog.at_level(logging.INFO, logger="fencegate.gateway"):
+        await registry.start()  # starts anyway
+        assert not await registry.beat()
+        assert registry.healthy is False
+        registry.store = store  # the store is back
+        assert await registry.beat()
+        await registry.stop()
+    said = [r.getMessage() for r in caplog.records]
+    assert sum("could not heartbeat in the store" in m for m in said) == 1  # once, not per beat
+    assert any("heartbeats in the store again" in m for m in said)
     assert await store.gateways(timeout=T) == []
 
 
