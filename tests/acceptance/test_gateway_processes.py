@@ -259,6 +259,18 @@ async def test_killed_gateway_leaves_an_unknown_outcome_that_is_never_forwarded_
             await in_flight
 
         await wait_for_key(store_url, key, lambda r: r.unknown, timeout=LEASE_SECONDS + 30)
+        # While the dead gateway's registration has not run out, it might still record the
+        # key itself: 503 outcome-pending ("retry"), never 424. Then 424, for an operator.
+        kinds: list[str] = []
+
+        async def settled_as_unknown() -> bool:
+            answer = await post(client, survivor.url, key)
+            kinds.append(problem_kind(answer))
+            assert answer.status_code in (424, 503), answer.text
+            return answer.status_code == 424
+
+        await wait_until(settled_as_unknown, timeout=60, what="424 once the gateway is dead")
+        assert set(kinds) <= {"outcome-pending", "outcome-unknown"}, kinds
         for _ in range(2):
             answer = await post(client, survivor.url, key)
             assert answer.status_code == 424, answer.text
