@@ -13,8 +13,9 @@ from fencegate.store import GatewayStore, open_gateway_store
 from fencegate.store.migrations import migrate
 from tests.support import postgres
 
-# The run must leave the working tree as it found it (tracked files, untracked files).
-pytest_plugins = ["tests.support.clean_tree"]
+# The run must leave the working tree as it found it (tracked files, untracked files); the
+# run's folder holds the private PostgreSQL cluster every xdist worker shares.
+pytest_plugins = ["tests.support.clean_tree", "tests.support.run_folder"]
 
 
 @pytest.fixture(scope="session")
@@ -24,9 +25,8 @@ def pg_server_url() -> str:
 
 @pytest.fixture
 async def pg_url(pg_server_url: str) -> AsyncIterator[str]:
-    """A new, migrated PostgreSQL database for one test."""
-    url = await postgres.create_database(pg_server_url)
-    await migrate(url)
+    """A new, migrated PostgreSQL database for one test (a copy of the run's template)."""
+    url = await postgres.create_migrated_database(pg_server_url)
     try:
         yield url
     finally:
