@@ -14,8 +14,9 @@ from fencegate.store.migrations import migrate
 from tests.support import postgres
 
 # The run must leave the working tree as it found it (tracked files, untracked files); the
-# run's folder holds the private PostgreSQL cluster every xdist worker shares.
-pytest_plugins = ["tests.support.clean_tree", "tests.support.run_folder"]
+# run's folder holds the private PostgreSQL cluster every xdist worker shares; how the tests
+# are spread over xdist's workers.
+pytest_plugins = ["tests.support.clean_tree", "tests.support.run_folder", "tests.support.parallel"]
 
 
 @pytest.fixture(scope="session")
