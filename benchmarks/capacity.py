@@ -34,9 +34,16 @@ from tests.support.topology import PgNode, give_to_server_user, missing
 
 T = 30.0
 REQUEST = DecideRequest(
-    tenant="acme", key="k", fingerprint="f" * 64, entity="invoice-1", fence=1, owner="gw-a",
-    lease_seconds=30.0, ttl_seconds=86400.0, retry_unknown=False,
-)  # fmt: skip
+    tenant="acme",
+    key="k",
+    fingerprint="f" * 64,
+    entity="invoice-1",
+    fence=1,
+    owner="gw-a",
+    lease_seconds=30.0,
+    ttl_seconds=86400.0,
+    retry_unknown=False,
+)
 # A typical JSON API answer: a few headers and a 300-byte body.
 RESPONSE = StoredResponse(
     201,

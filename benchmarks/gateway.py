@@ -517,10 +517,18 @@ def peer_app(middleware: str, *extra: str) -> Iterator[tuple[str, int]]:
     """`benchmarks.peers`: the same Starlette app behind one Idempotency-Key middleware."""
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.peers", "--middleware", middleware, *extra,
-         "--port", str(port)],
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.peers",
+            "--middleware",
+            middleware,
+            *extra,
+            "--port",
+            str(port),
+        ],
         cwd=REPO_ROOT,
-    )  # fmt: skip
+    )
     try:
         wait_for_port(port, timeout=30)
         yield f"http://127.0.0.1:{port}", proc.pid
@@ -575,9 +583,13 @@ async def _correctness(url: str) -> str:
 
 
 def run_rounds(
-    scenarios: Sequence[Scenario], *, concurrency: int, rounds: int, duration: float,
+    scenarios: Sequence[Scenario],
+    *,
+    concurrency: int,
+    rounds: int,
+    duration: float,
     warmup: float,
-) -> list[list[Result]]:  # fmt: skip
+) -> list[list[Result]]:
     return [
         [measure(s, concurrency=concurrency, duration=duration, warmup=warmup) for s in scenarios]
         for _ in range(rounds)
@@ -662,40 +674,91 @@ def main(argv: list[str] | None = None) -> int:
         gateway = [
             Scenario("upstream alone", upstream.url, "new-keys", upstream.pid),
             Scenario("bare proxy (no store)", bare_url, "new-keys", bare_pid, None, up),
-            Scenario("fencegate SQLite, new key + fence", gw_sqlite.url, "new-keys",
-                     gw_sqlite.pid, None, up),
-            Scenario("fencegate PG, new key + fence", gw_pg.url, "new-keys", gw_pg.pid, 0.6,
-                     up, pg_database),
-            Scenario("fencegate PG, new key, no history", gw_nohist.url, "new-keys",
-                     gw_nohist.pid, None, up, nohist_database),
-            Scenario("fencegate PG, new key, no history, no log", gw_quiet.url, "new-keys",
-                     gw_quiet.pid, None, up, quiet_database),
-            Scenario("fencegate PG, replay", gw_pg.url, "replay", gw_pg.pid, 1.0, up,
-                     pg_database),
+            Scenario(
+                "fencegate SQLite, new key + fence",
+                gw_sqlite.url,
+                "new-keys",
+                gw_sqlite.pid,
+                None,
+                up,
+            ),
+            Scenario(
+                "fencegate PG, new key + fence",
+                gw_pg.url,
+                "new-keys",
+                gw_pg.pid,
+                0.6,
+                up,
+                pg_database,
+            ),
+            Scenario(
+                "fencegate PG, new key, no history",
+                gw_nohist.url,
+                "new-keys",
+                gw_nohist.pid,
+                None,
+                up,
+                nohist_database,
+            ),
+            Scenario(
+                "fencegate PG, new key, no history, no log",
+                gw_quiet.url,
+                "new-keys",
+                gw_quiet.pid,
+                None,
+                up,
+                quiet_database,
+            ),
+            Scenario("fencegate PG, replay", gw_pg.url, "replay", gw_pg.pid, 1.0, up, pg_database),
             # A replay writes its history row (and so commits); without the history it is a
             # read: this row shows what the history costs a replay.
-            Scenario("fencegate PG, replay, no history", gw_nohist.url, "replay",
-                     gw_nohist.pid, None, up, nohist_database),
+            Scenario(
+                "fencegate PG, replay, no history",
+                gw_nohist.url,
+                "replay",
+                gw_nohist.pid,
+                None,
+                up,
+                nohist_database,
+            ),
             # Without the decision log either: what the two switches leave.
-            Scenario("fencegate PG, replay, no history, no log", gw_quiet.url, "replay",
-                     gw_quiet.pid, None, up, quiet_database),
-        ]  # fmt: skip
+            Scenario(
+                "fencegate PG, replay, no history, no log",
+                gw_quiet.url,
+                "replay",
+                gw_quiet.pid,
+                None,
+                up,
+                quiet_database,
+            ),
+        ]
         for label, python in args.compare:
             # Its own migrations: another release has another schema.
             other_url, other_database = new_database(migrated=False)
             subprocess.run(
                 [python, "-m", "fencegate.cli", "migrate", "--database-url", other_url],
-                check=True, cwd=tmp, capture_output=True, env=installed_env(),
-            )  # fmt: skip
+                check=True,
+                cwd=tmp,
+                capture_output=True,
+                env=installed_env(),
+            )
             other = stack.enter_context(
                 GatewayProcess(upstream=upstream.url, database_url=other_url, python=python)
             )
             gateway += [
-                Scenario(f"{label}: PG, new key + fence", other.url, "new-keys", other.pid,
-                         None, up, other_database),
-                Scenario(f"{label}: PG, replay", other.url, "replay", other.pid, None, up,
-                         other_database),
-            ]  # fmt: skip
+                Scenario(
+                    f"{label}: PG, new key + fence",
+                    other.url,
+                    "new-keys",
+                    other.pid,
+                    None,
+                    up,
+                    other_database,
+                ),
+                Scenario(
+                    f"{label}: PG, replay", other.url, "replay", other.pid, None, up, other_database
+                ),
+            ]
 
         if args.only:
             gateway = gateway[:2] + [
@@ -709,18 +772,28 @@ def main(argv: list[str] | None = None) -> int:
             tortoise_url, tortoise_database = new_database(migrated=False)
             peer_specs: list[tuple[str, str, tuple[str, ...], str | None]] = [
                 ("app alone (no middleware)", "none", (), None),
-                ("fencegate mw SQLite", "fencegate",
-                 ("--database-url", f"sqlite:///{tmp / 'middleware.db'}"), None),
-                ("fencegate mw PG", "fencegate", ("--database-url", mw_pg_url),
-                 mw_pg_database),
-                ("fencegate mw PG, no history", "fencegate",
-                 ("--database-url", mw_nohist_url, "--no-decision-history"),
-                 mw_nohist_database),
+                (
+                    "fencegate mw SQLite",
+                    "fencegate",
+                    ("--database-url", f"sqlite:///{tmp / 'middleware.db'}"),
+                    None,
+                ),
+                ("fencegate mw PG", "fencegate", ("--database-url", mw_pg_url), mw_pg_database),
+                (
+                    "fencegate mw PG, no history",
+                    "fencegate",
+                    ("--database-url", mw_nohist_url, "--no-decision-history"),
+                    mw_nohist_database,
+                ),
                 ("fastapi-idempotency-key (Redis)", "fastapi-idempotency-key", (), None),
                 ("asgi-idempotency-header (Redis)", "asgi-idempotency-header", (), None),
-                ("fastapi-idempotency (PG, Tortoise)", "fastapi-idempotency",
-                 ("--database-url", tortoise_url), tortoise_database),
-            ]  # fmt: skip
+                (
+                    "fastapi-idempotency (PG, Tortoise)",
+                    "fastapi-idempotency",
+                    ("--database-url", tortoise_url),
+                    tortoise_database,
+                ),
+            ]
             for name, middleware, extra, database in peer_specs:
                 try:
                     url, pid = stack.enter_context(peer_app(middleware, *extra))
@@ -743,9 +816,12 @@ def main(argv: list[str] | None = None) -> int:
         for concurrency in args.concurrency:
             print(f"\n=== gateway, concurrency {concurrency} (x bare: to the bare proxy) ===")
             rounds = run_rounds(
-                gateway, concurrency=concurrency, rounds=args.rounds,
-                duration=args.duration, warmup=args.warmup,
-            )  # fmt: skip
+                gateway,
+                concurrency=concurrency,
+                rounds=args.rounds,
+                duration=args.duration,
+                warmup=args.warmup,
+            )
             print_table(summarize(rounds, baseline_index=1))
             if peers:
                 print(
@@ -753,9 +829,12 @@ def main(argv: list[str] | None = None) -> int:
                     f"(x bare: to the app alone) ==="
                 )
                 rounds = run_rounds(
-                    peers, concurrency=concurrency, rounds=args.rounds,
-                    duration=args.duration, warmup=args.warmup,
-                )  # fmt: skip
+                    peers,
+                    concurrency=concurrency,
+                    rounds=args.rounds,
+                    duration=args.duration,
+                    warmup=args.warmup,
+                )
                 print_table(summarize(rounds, baseline_index=0))
 
         if args.no_profile:

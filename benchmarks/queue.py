@@ -375,9 +375,18 @@ async def compared_worker_throughput(
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     async with fresh_database(server) as url:
         proc = await asyncio.create_subprocess_exec(
-            python, "-c", _COMPARED_WORKER, url, str(jobs), str(workers), str(concurrency),
-            cwd="/", env=env, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-        )  # fmt: skip
+            python,
+            "-c",
+            _COMPARED_WORKER,
+            url,
+            str(jobs),
+            str(workers),
+            str(concurrency),
+            cwd="/",
+            env=env,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+        )
         assert proc.stdin is not None
         try:
             assert await _line(proc) == "ready"

@@ -91,10 +91,18 @@ async def main(workdir: Path) -> None:
 
     seen = Seen()
     workers = [
-        Worker(url, tools=tools(seen), work_classes=CLASSES, rate_limits=RATES,
-               worker_id=f"w{i}", concurrency=8, poll_seconds=0.1, events=EventLog(keep=0))
+        Worker(
+            url,
+            tools=tools(seen),
+            work_classes=CLASSES,
+            rate_limits=RATES,
+            worker_id=f"w{i}",
+            concurrency=8,
+            poll_seconds=0.1,
+            events=EventLog(keep=0),
+        )
         for i in range(2)
-    ]  # fmt: skip
+    ]
     runs = [asyncio.create_task(worker.run()) for worker in workers]
     for _ in range(300):  # every job done within 30 s
         if not await queue.list_jobs(state="queued", limit=1) and not await queue.list_jobs(

@@ -65,9 +65,15 @@ async def resolve_key(
         )
 
     return await store.resolve_key(
-        tenant, key, answer, resolved_by=actor, margin=margin, force=force, audit=audit,
+        tenant,
+        key,
+        answer,
+        resolved_by=actor,
+        margin=margin,
+        force=force,
+        audit=audit,
         timeout=timeout,
-    )  # fmt: skip
+    )
 
 
 def refusal(resolution: Resolution, *, force_hint: str = "use --force") -> str:
@@ -97,9 +103,14 @@ async def cancel_job(
     """Through the queue's own cancel: the rule for ending a job lives there. None when
     there is no such job, or it had already finished."""
     return await _job_action(
-        queue.cancel, "jobs.cancel", inspector, job_id, actor=actor, reason=reason,
+        queue.cancel,
+        "jobs.cancel",
+        inspector,
+        job_id,
+        actor=actor,
+        reason=reason,
         timeout=timeout,
-    )  # fmt: skip
+    )
 
 
 async def retry_job(
@@ -114,9 +125,14 @@ async def retry_job(
     """Through the queue's own retry: a failed or cancelled job is queued again with one more
     attempt. None when there is no such job, or it is not failed or cancelled."""
     return await _job_action(
-        queue.retry, "jobs.retry", inspector, job_id, actor=actor, reason=reason,
+        queue.retry,
+        "jobs.retry",
+        inspector,
+        job_id,
+        actor=actor,
+        reason=reason,
         timeout=timeout,
-    )  # fmt: skip
+    )
 
 
 async def _job_action(
@@ -135,9 +151,13 @@ async def _job_action(
 
     def audit(before: Row, after: Row) -> AuditEntry:
         return AuditEntry(
-            actor=actor, action=action, subject=str(job_id), reason=reason, before=before,
+            actor=actor,
+            action=action,
+            subject=str(job_id),
+            reason=reason,
+            before=before,
             after=after,
-        )  # fmt: skip
+        )
 
     try:
         if not await act(job_id, audit=audit, timeout=timeout):

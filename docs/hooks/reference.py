@@ -175,8 +175,12 @@ def _type_name(annotation: Any) -> str:
     if origin in (frozenset, set, list, tuple):
         return f"list of {_type_name(args[0])}s" if args else "list"
     simple: dict[Any, str] = {
-        str: "string", int: "integer", float: "number", bool: "boolean", Path: "path",
-    }  # fmt: skip
+        str: "string",
+        int: "integer",
+        float: "number",
+        bool: "boolean",
+        Path: "path",
+    }
     if annotation in simple:
         return simple[annotation]
     if getattr(annotation, "__name__", "") == "SecretStr":
@@ -256,10 +260,14 @@ def inherited_route_fields() -> dict[str, str]:
     from fencegate.gateway.config import GatewaySettings, route_policy
 
     distinct: dict[str, Any] = {
-        "upstream": "http://inherited.invalid", "upstream_timeout": 7001.0,
-        "max_body_bytes": 7002, "key_ttl_seconds": 7003.0, "store_timeout": 7004.0,
-        "inflight_lease_seconds": 7005.0, "fence_ttl_seconds": 7006.0,
-    }  # fmt: skip
+        "upstream": "http://inherited.invalid",
+        "upstream_timeout": 7001.0,
+        "max_body_bytes": 7002,
+        "key_ttl_seconds": 7003.0,
+        "store_timeout": 7004.0,
+        "inflight_lease_seconds": 7005.0,
+        "fence_ttl_seconds": 7006.0,
+    }
     with _clean_environment():
         plain = route_policy({}, GatewaySettings())
         marked = route_policy({}, GatewaySettings(**distinct))

@@ -84,7 +84,8 @@ def run(args: argparse.Namespace) -> int:
         release_margin=args.release_margin,
         timeout=args.timeout,
     )
-    print(f"fencegate console on http://{args.host}:{args.port}/ ({len(tokens)} tokens)",
-          flush=True)  # fmt: skip
+    print(
+        f"fencegate console on http://{args.host}:{args.port}/ ({len(tokens)} tokens)", flush=True
+    )
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", server_header=False)
     return 0

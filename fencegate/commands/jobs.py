@@ -28,8 +28,20 @@ from fencegate.lease import LeaseQueue
 from fencegate.operator_actions import cancel_job, retry_job
 from fencegate.store.inspect import JOB_STATES, Inspector, Page, Row
 
-_LIST = ("id", "kind", "state", "priority", "concurrency_key", "attempt", "max_attempts",
-         "fencing_token", "owner_id", "lease_until", "updated_at", "has_error")  # fmt: skip
+_LIST = (
+    "id",
+    "kind",
+    "state",
+    "priority",
+    "concurrency_key",
+    "attempt",
+    "max_attempts",
+    "fencing_token",
+    "owner_id",
+    "lease_until",
+    "updated_at",
+    "has_error",
+)
 _LIMITS = ("rule", "subject", "limit", "running", "waiting", "detail")
 _ATTEMPTS = ("attempt", "fencing_token", "owner_id", "claimed_at", "ended_at", "outcome", "error")
 _STAGES = ("name", "fencing_token", "committed_at", "idempotency_key")
@@ -83,9 +95,12 @@ async def _with_inspector(
     try:
         if args.action == "list":
             page = await inspector.jobs(
-                state=args.state, kind=args.kind, cursor=args.cursor, limit=args.limit,
+                state=args.state,
+                kind=args.kind,
+                cursor=args.cursor,
+                limit=args.limit,
                 timeout=args.timeout,
-            )  # fmt: skip
+            )
             return page, await inspector.limits(timeout=args.timeout)
         if args.action == "show":
             return await inspector.job(args.job_id, timeout=args.timeout)

@@ -102,8 +102,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_actor(resolve)
 
 
-_LIST_COLUMNS = ("tenant", "key", "state", "reason", "attempt", "owner", "entity", "fence",
-                 "created_at", "response_status")  # fmt: skip
+_LIST_COLUMNS = (
+    "tenant",
+    "key",
+    "state",
+    "reason",
+    "attempt",
+    "owner",
+    "entity",
+    "fence",
+    "created_at",
+    "response_status",
+)
 _HISTORY_COLUMNS = ("at", "what", "attempt", "token", "owner", "request_id", "status")
 
 
@@ -134,10 +144,16 @@ async def _resolve(args: argparse.Namespace, answer: StoredResponse | None) -> R
     store = await open_gateway_store(args.database_url, run_migrations=False, pool_max_size=1)
     try:
         return await resolve_key(
-            store, tenant=args.tenant, key=args.key, answer=answer,
-            actor=f"operator:{args.by}", reason=args.reason, margin=args.release_margin,
-            force=args.force, timeout=args.timeout,
-        )  # fmt: skip
+            store,
+            tenant=args.tenant,
+            key=args.key,
+            answer=answer,
+            actor=f"operator:{args.by}",
+            reason=args.reason,
+            margin=args.release_margin,
+            force=args.force,
+            timeout=args.timeout,
+        )
     finally:
         await store.close()
 

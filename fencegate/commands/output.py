@@ -20,10 +20,22 @@ from fencegate.store.release_rule import DEFAULT_RELEASE_MARGIN
 
 # Columns whose values are epoch seconds.
 _TIMES = frozenset(
-    {"at", "created_at", "updated_at", "completed_at", "expires_at", "locked_until",
-     "claimed_at", "ended_at", "committed_at", "run_after", "lease_until", "heartbeat_at",
-     "now"}
-)  # fmt: skip
+    {
+        "at",
+        "created_at",
+        "updated_at",
+        "completed_at",
+        "expires_at",
+        "locked_until",
+        "claimed_at",
+        "ended_at",
+        "committed_at",
+        "run_after",
+        "lease_until",
+        "heartbeat_at",
+        "now",
+    }
+)
 
 
 def add_common(

@@ -11,8 +11,20 @@ from fencegate.commands.output import add_common, print_json, print_table, reada
 from fencegate.errors import CommandError
 from fencegate.store.inspect import Inspector, Trace
 
-_COLUMNS = ("at", "source", "what", "token", "worker", "job_id", "attempt", "owner", "key",
-            "request_id", "target", "status")  # fmt: skip
+_COLUMNS = (
+    "at",
+    "source",
+    "what",
+    "token",
+    "worker",
+    "job_id",
+    "attempt",
+    "owner",
+    "key",
+    "request_id",
+    "target",
+    "status",
+)
 
 
 # Reads and actions: the store must exist and be migrated (checked before `run`).

@@ -57,22 +57,36 @@ async def resolve(request: Request, viewer: Viewer) -> Response:
             raise Problem(
                 404, "no-such-key", "No such key", f"no key {key!r} for tenant {tenant!r}"
             )
-        context = {"form": form, "key": key_fields(record), "answer": answer, "force": force,
-                   "tenant": tenant, "body_text": form.get("body", "")}  # fmt: skip
+        context = {
+            "form": form,
+            "key": key_fields(record),
+            "answer": answer,
+            "force": force,
+            "tenant": tenant,
+            "body_text": form.get("body", ""),
+        }
         return render(request, "confirm_resolve.html", context, viewer=viewer, refresh=False)
     done = await resolve_key(
-        await console.store(), tenant=tenant, key=key, answer=answer, actor=viewer.actor,
-        reason=_reason(form), margin=console.release_margin, force=force,
+        await console.store(),
+        tenant=tenant,
+        key=key,
+        answer=answer,
+        actor=viewer.actor,
+        reason=_reason(form),
+        margin=console.release_margin,
+        force=force,
         timeout=console.timeout,
-    )  # fmt: skip
+    )
     result = done.result
     if result is ResolveResult.NOT_FOUND:
         raise Problem(404, "no-such-key", "No such key", f"no key {key!r} for tenant {tenant!r}")
     if result is ResolveResult.NOT_UNKNOWN:
         raise Problem(
-            409, "key-not-unknown", "Key not unknown",
+            409,
+            "key-not-unknown",
+            "Key not unknown",
             f"key {key!r} is completed: there is nothing to release or record; left as it is",
-        )  # fmt: skip
+        )
     if result is ResolveResult.BLOCKED:
         raise release_unsafe(key, done)
     if result is ResolveResult.RELEASED:
@@ -143,9 +157,13 @@ async def job_action(request: Request, viewer: Viewer) -> Response:
         return render(request, "confirm_job.html", context, viewer=viewer, refresh=False)
     act = retry_job if action == "retry" else cancel_job
     after = await act(
-        await console.queue(), inspector, job_id, actor=viewer.actor, reason=_reason(form),
+        await console.queue(),
+        inspector,
+        job_id,
+        actor=viewer.actor,
+        reason=_reason(form),
         timeout=console.timeout,
-    )  # fmt: skip
+    )
     if after is None:
         which = "failed or cancelled" if action == "retry" else "queued or running"
         raise Problem(

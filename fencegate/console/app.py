@@ -31,15 +31,17 @@ SESSION_SECONDS = 12 * 3600.0  # one night shift
 # Every script and style is shipped in the package; nothing may load from elsewhere, and no
 # other site may frame the console (clickjacking an action button).
 _HEADERS = [
-    (b"content-security-policy",
-     b"default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
-     b"form-action 'self'; frame-ancestors 'none'; base-uri 'none'"),
+    (
+        b"content-security-policy",
+        b"default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+        b"form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+    ),
     (b"x-content-type-options", b"nosniff"),
     (b"x-frame-options", b"DENY"),
     # Not no-referrer: under it a browser sends "Origin: null" with forms, which the
     # Origin check must refuse.
     (b"referrer-policy", b"same-origin"),
-]  # fmt: skip
+]
 
 
 class SecurityHeaders:

@@ -182,8 +182,12 @@ class SessionSigner:
         self.max_age = max_age
 
     def dumps(self, session: Session) -> str:
-        data = {"c": session.csrf, "n": session.name, "t": session.token_tag,
-                "e": time.time() + self.max_age}  # fmt: skip
+        data = {
+            "c": session.csrf,
+            "n": session.name,
+            "t": session.token_tag,
+            "e": time.time() + self.max_age,
+        }
         body = _b64(orjson.dumps(data))
         return f"{body}.{self._sign(body)}"
 

@@ -23,15 +23,27 @@ from fencegate.store.inspect import Row
 _GAUGES = (
     ("fencegate_queue_jobs_queued", "Jobs waiting to be claimed", "queued"),
     ("fencegate_queue_leases_running", "Jobs running under a lease", "running"),
-    ("fencegate_queue_leases_expired",
-     "Running jobs whose lease ran out and nobody has reclaimed yet", "expired"),
-    ("fencegate_queue_reclaimed_total",
-     "Lease grants that ran out and were granted again (heartbeats lost)", "reclaimed"),
-    ("fencegate_queue_lease_remaining_seconds",
-     "Smallest remaining lease among running jobs", "lease_remaining_min"),
-    ("fencegate_queue_heartbeat_age_seconds",
-     "Age of the oldest last heartbeat among running jobs", "heartbeat_age_max"),
-)  # fmt: skip
+    (
+        "fencegate_queue_leases_expired",
+        "Running jobs whose lease ran out and nobody has reclaimed yet",
+        "expired",
+    ),
+    (
+        "fencegate_queue_reclaimed_total",
+        "Lease grants that ran out and were granted again (heartbeats lost)",
+        "reclaimed",
+    ),
+    (
+        "fencegate_queue_lease_remaining_seconds",
+        "Smallest remaining lease among running jobs",
+        "lease_remaining_min",
+    ),
+    (
+        "fencegate_queue_heartbeat_age_seconds",
+        "Age of the oldest last heartbeat among running jobs",
+        "heartbeat_age_max",
+    ),
+)
 
 
 class _Snapshot(Collector):

@@ -15,8 +15,24 @@ from fencegate.types import DEFAULT_TENANT
 
 PAGE_SIZE = 50
 # A gateway decision, a lease grant and a stage carry different fields: one table shows all.
-_TRACE_FIELDS = ("at", "source", "what", "token", "worker", "job_id", "attempt", "owner", "key",
-                 "tenant", "request_id", "method", "target", "status", "stage", "kind")  # fmt: skip
+_TRACE_FIELDS = (
+    "at",
+    "source",
+    "what",
+    "token",
+    "worker",
+    "job_id",
+    "attempt",
+    "owner",
+    "key",
+    "tenant",
+    "request_id",
+    "method",
+    "target",
+    "status",
+    "stage",
+    "kind",
+)
 
 
 def _param(request: Request, name: str) -> str | None:
@@ -27,9 +43,11 @@ def _param(request: Request, name: str) -> str | None:
 def _require_jobs(viewer: Viewer) -> None:
     if not viewer.token.sees_jobs:
         raise Problem(
-            403, "jobs-not-shown", "Jobs are not shown to tenant tokens",
+            403,
+            "jobs-not-shown",
+            "Jobs are not shown to tenant tokens",
             "jobs carry no tenant, so a token limited to one tenant does not see them",
-        )  # fmt: skip
+        )
 
 
 def _tenant_for(request: Request, viewer: Viewer) -> str | None:
@@ -111,8 +129,13 @@ async def trace(request: Request, viewer: Viewer) -> Response:
         result = await inspector.trace(subject, tenant=tenant)
         key_tenant = next((e["tenant"] for e in result.events if e.get("key") == subject), None)
     events = [{f: e.get(f) for f in _TRACE_FIELDS} for e in result.events] if result else []
-    context = {"subject": subject, "tenant": tenant, "trace": result, "events": events,
-               "key_tenant": key_tenant}  # fmt: skip
+    context = {
+        "subject": subject,
+        "tenant": tenant,
+        "trace": result,
+        "events": events,
+        "key_tenant": key_tenant,
+    }
     return render(request, "trace.html", context, viewer=viewer)
 
 

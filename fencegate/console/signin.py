@@ -31,8 +31,11 @@ def _next(value: str | None) -> str:
 async def login_form(request: Request) -> Response:
     # A session before signing in carries only the CSRF token of the sign-in form.
     session = session_of(request) or Session.fresh()
-    context = {"next": _next(request.query_params.get("next")), "error": None,
-               "csrf_login": session.csrf}  # fmt: skip
+    context = {
+        "next": _next(request.query_params.get("next")),
+        "error": None,
+        "csrf_login": session.csrf,
+    }
     response = render(request, "login.html", context, viewer=None, refresh=False)
     response.headers["cache-control"] = "no-store"
     set_session(response, request, session)
@@ -47,8 +50,11 @@ async def login(request: Request) -> Response:
     token = console_of(request).tokens.match(form.get("token", "").strip())
     if token is None:
         session = session_of(request) or Session.fresh()
-        context = {"next": _next(form.get("next")), "error": "That token is not valid.",
-                   "csrf_login": session.csrf}  # fmt: skip
+        context = {
+            "next": _next(form.get("next")),
+            "error": "That token is not valid.",
+            "csrf_login": session.csrf,
+        }
         response = render(request, "login.html", context, viewer=None, status=401, refresh=False)
         response.headers["cache-control"] = "no-store"
         set_session(response, request, session)

@@ -71,9 +71,11 @@ class Console:
                 self._inspector = await Inspector.open(self.database_url, timeout=self.timeout)
             if self._store is None:
                 self._store = await open_gateway_store(
-                    self.database_url, run_migrations=False, pool_max_size=2,
+                    self.database_url,
+                    run_migrations=False,
+                    pool_max_size=2,
                     timeout=self.timeout,
-                )  # fmt: skip
+                )
             if self._queue is None:
                 self._queue = await LeaseQueue.connect(
                     self.database_url, timeout=self.timeout, pool_max_size=2
@@ -196,9 +198,11 @@ async def read_form(request: Request, viewer: Viewer | None) -> dict[str, str]:
     presented = form.get("csrf", "")
     if session is None or not presented or not hmac.compare_digest(presented, session.csrf):
         raise Problem(
-            403, "form-expired-or-forged", "Form expired or forged",
+            403,
+            "form-expired-or-forged",
+            "Form expired or forged",
             "the form's CSRF token does not match this session: open the page again and resubmit",
-        )  # fmt: skip
+        )
     return form
 
 
@@ -236,8 +240,14 @@ def problem_response(request: Request, problem: Problem) -> Response:
         viewer = identify(request)
     except Problem:
         viewer = None
-    return render(request, "error.html", {"problem": problem}, viewer=viewer,
-                  status=problem.status, refresh=False)  # fmt: skip
+    return render(
+        request,
+        "error.html",
+        {"problem": problem},
+        viewer=viewer,
+        status=problem.status,
+        refresh=False,
+    )
 
 
 def render(
@@ -278,9 +288,12 @@ def signed_in(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
             viewer = identify(request)
             if viewer is None:
                 if wants_html(request) and request.method == "GET":
-                    return redirect(request, "/login", next=request.url.path[len(
-                        base_path(request)):] + (f"?{request.url.query}" if request.url.query
-                                                 else ""))  # fmt: skip
+                    return redirect(
+                        request,
+                        "/login",
+                        next=request.url.path[len(base_path(request)) :]
+                        + (f"?{request.url.query}" if request.url.query else ""),
+                    )
                 raise Problem(
                     401, "not-signed-in", "Not signed in", "sign in, or send Authorization: Bearer"
                 )

@@ -97,11 +97,13 @@ async def answer(
     kind = problem.kind if problem is not None else ""
     if metrics is not None:
         metrics.count(response.decision, kind)
-    log_decision(trace, decision=response.decision, problem=kind, status=response.status,
-                 owner=owner)  # fmt: skip
+    log_decision(
+        trace, decision=response.decision, problem=kind, status=response.status, owner=owner
+    )
     if trace.span is not None:
-        spans.end_server_span(trace, decision=response.decision, problem=kind,
-                              status=response.status)  # fmt: skip
+        spans.end_server_span(
+            trace, decision=response.decision, problem=kind, status=response.status
+        )
     await send_response(send, response, request_id=trace.request_id)
 
 

@@ -158,9 +158,13 @@ class Reconciler:
         if tracing.TRACER is None:
             await self._settle(claimed, policy, None)
             return
-        with spans.reconcile_span(route=policy.prefix, method=claimed.method or "",
-                                  tenant=claimed.tenant, key=claimed.key,
-                                  attempt=claimed.attempt) as span:  # fmt: skip
+        with spans.reconcile_span(
+            route=policy.prefix,
+            method=claimed.method or "",
+            tenant=claimed.tenant,
+            key=claimed.key,
+            attempt=claimed.attempt,
+        ) as span:
             await self._settle(claimed, policy, span)
 
     async def _settle(self, claimed: ClaimedKey, policy: RoutePolicy, span: Any) -> None:
@@ -276,8 +280,9 @@ class Reconciler:
         except TimeoutError:
             return Unknown(f"{probe.spec} did not answer within {policy.timeout:g}s")
         except Exception as exc:
-            logger.warning("reconciler: %s raised for key %r", probe.spec, stored.key,
-                           exc_info=True)  # fmt: skip
+            logger.warning(
+                "reconciler: %s raised for key %r", probe.spec, stored.key, exc_info=True
+            )
             return Unknown(f"{probe.spec} raised {type(exc).__name__}: {exc}")
         return checked_result(result, probe.spec)
 

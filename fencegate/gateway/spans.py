@@ -37,9 +37,12 @@ async def server_span(
         "fencegate.request_id": trace.request_id,
     }
     with tracing.TRACER.start_as_current_span(
-        f"{trace.method} {policy.prefix}", context=parent, kind=SpanKind.SERVER,
-        attributes=attributes, record_exception=False,
-    ) as span:  # fmt: skip
+        f"{trace.method} {policy.prefix}",
+        context=parent,
+        kind=SpanKind.SERVER,
+        attributes=attributes,
+        record_exception=False,
+    ) as span:
         trace.span = span
         yield span
 
@@ -76,9 +79,10 @@ async def send_upstream(
     from opentelemetry.trace import SpanKind
 
     with tracing.TRACER.start_as_current_span(
-        f"{request.method} {policy.prefix} upstream", kind=SpanKind.CLIENT,
+        f"{request.method} {policy.prefix} upstream",
+        kind=SpanKind.CLIENT,
         attributes={"http.request.method": request.method, "http.route": policy.prefix},
-    ) as span:  # fmt: skip
+    ) as span:
         traced = dataclasses.replace(request, headers=tracing.inject_headers(request.headers))
         response = await upstream.send(traced, policy, scope, receive, timeout=timeout)
         span.set_attribute("http.response.status_code", response.status)
@@ -100,9 +104,11 @@ def reconcile_span(
         "fencegate.attempt": attempt,
     }
     with tracing.TRACER.start_as_current_span(
-        f"reconcile {method} {route}", kind=SpanKind.INTERNAL, attributes=attributes,
+        f"reconcile {method} {route}",
+        kind=SpanKind.INTERNAL,
+        attributes=attributes,
         record_exception=False,
-    ) as span:  # fmt: skip
+    ) as span:
         yield span
 
 

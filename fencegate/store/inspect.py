@@ -207,9 +207,15 @@ class Inspector:
                 attempts[int(row["fencing_token"])] = row
             for stage in await self._rows("stages", job_id, timeout=timeout):
                 events.append(
-                    {"at": stage["committed_at"], "source": "stage", "what": "stage_committed",
-                     "job_id": job_id, "token": stage["fencing_token"], "stage": stage["name"]}
-                )  # fmt: skip
+                    {
+                        "at": stage["committed_at"],
+                        "source": "stage",
+                        "what": "stage_committed",
+                        "job_id": job_id,
+                        "token": stage["fencing_token"],
+                        "stage": stage["name"],
+                    }
+                )
         # A token number alone does not say a request came from this queue: any caller may
         # send any fence. The worker behind a request is the holder of the lease its token
         # came from only when the request also carried that job's identity, as the fenced

@@ -84,8 +84,10 @@ class LocalSettings:
 
     @staticmethod
     def _sql(settings: dict[str, str]) -> str:
-        return "; ".join(f"SET LOCAL {name} = '{value.replace(chr(39), chr(39) * 2)}'"
-                         for name, value in settings.items())  # fmt: skip
+        return "; ".join(
+            f"SET LOCAL {name} = '{value.replace(chr(39), chr(39) * 2)}'"
+            for name, value in settings.items()
+        )
 
     async def leave_out_defaults(self, conn: asyncpg.Connection) -> None:
         if not self.wanted:

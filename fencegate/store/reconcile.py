@@ -119,8 +119,9 @@ class PostgresReconcileStore(ReconcileStore):
         self, *, margin: float, hold: float, limit: int, timeout: float
     ) -> list[ClaimedKey]:
         args = (float(margin), int(limit), float(hold), MAX_BACKOFF_SECONDS)
-        rows = await self._db.run(lambda conn: conn.fetch(PG.reconcile_claim, *args),
-                                  timeout=timeout)  # fmt: skip
+        rows = await self._db.run(
+            lambda conn: conn.fetch(PG.reconcile_claim, *args), timeout=timeout
+        )
         return [_claimed(row) for row in rows]
 
     async def complete(
@@ -246,8 +247,9 @@ class SQLiteReconcileStore(ReconcileStore):
             ).fetchone()
             if row is None:
                 return False
-            _history(log, "reconciled_completed", claimed, row, owner=by,
-                     upstream_status=response.status)  # fmt: skip
+            _history(
+                log, "reconciled_completed", claimed, row, owner=by, upstream_status=response.status
+            )
             log.write()
             return True
 

@@ -439,7 +439,12 @@ class SQLiteGatewayStore(GatewayStore):
         timeout: float,
     ) -> Resolution:
         write = _resolve(
-            tenant, key, response, resolved_by=resolved_by, margin=margin, force=force,
+            tenant,
+            key,
+            response,
+            resolved_by=resolved_by,
+            margin=margin,
+            force=force,
             audit=audit,
-        )  # fmt: skip
+        )
         return await self._db.run(write, timeout=timeout, write=True)

@@ -34,13 +34,23 @@ from tests.support.processes import REPO_ROOT, child_env, stop_process
 from tests.support.stories import two_workers_one_fenced_off
 
 CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]  # fmt: skip
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 # Where the documentation's screenshots go, only when asked (a path, relative to the repository).
 SHOTS = os.environ.get("FENCEGATE_SCREENSHOTS")
 KEY = "capture:inv-1:POST /v1/charges"
-SECRETS = {"night-op": "operator-secret-0123456789", "watcher": "viewer-secret-0123456789",
-           "other-op": "other-tenant-secret-012345"}  # fmt: skip
+SECRETS = {
+    "night-op": "operator-secret-0123456789",
+    "watcher": "viewer-secret-0123456789",
+    "other-op": "other-tenant-secret-012345",
+}
 TOKENS_TOML = f"""
 [[tokens]]
 name = "night-op"
@@ -74,10 +84,26 @@ def start_console(store_url: str, tmp_path: Path, *options: str) -> Iterator[str
     tokens.write_text(TOKENS_TOML)
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "fencegate.cli", "console", "--database-url", store_url,
-         "--port", str(port), "--tokens", str(tokens), "--refresh-seconds", "300", *options],
-        env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "fencegate.cli",
+            "console",
+            "--database-url",
+            store_url,
+            "--port",
+            str(port),
+            "--tokens",
+            str(tokens),
+            "--refresh-seconds",
+            "300",
+            *options,
+        ],
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         try:
             wait_for_port(port, timeout=30)
@@ -187,8 +213,12 @@ async def test_operator_follows_the_stuck_key_to_its_trace_and_resolves_it(
     assert (record.state, record.response_status) == ("completed", 201)
     [row] = await audit_rows(url)
     assert (row["actor"], row["action"], row["tenant"], row["subject"], row["reason"]) == (
-        "console:night-op", "keys.resolve_completed", "acme", KEY, "upstream shows ch_1",
-    )  # fmt: skip
+        "console:night-op",
+        "keys.resolve_completed",
+        "acme",
+        KEY,
+        "upstream shows ch_1",
+    )
     assert orjson.loads(row["before"])["state"] == "outcome_unknown"
     assert orjson.loads(row["after"])["state"] == "completed"
 
@@ -329,16 +359,31 @@ def test_a_script_screenshots_a_page_with_the_token_in_its_url(
     _, base, _ = console
     shot = tmp_path / "keys.png"
     dump = subprocess.run(
-        [str(CHROMIUM), *CHROMIUM_ARGS, "--dump-dom",
-         f"{base}/keys?access_token={SECRETS['watcher']}"],
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+        [
+            str(CHROMIUM),
+            *CHROMIUM_ARGS,
+            "--dump-dom",
+            f"{base}/keys?access_token={SECRETS['watcher']}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert KEY in dump.stdout and "Sign in" not in dump.stdout, dump.stdout[-2000:]
     taken = subprocess.run(
-        [str(CHROMIUM), *CHROMIUM_ARGS, f"--screenshot={shot}", "--window-size=1200,800",
-         f"{base}/keys?access_token={SECRETS['watcher']}"],
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+        [
+            str(CHROMIUM),
+            *CHROMIUM_ARGS,
+            f"--screenshot={shot}",
+            "--window-size=1200,800",
+            f"{base}/keys?access_token={SECRETS['watcher']}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert taken.returncode == 0 and shot.stat().st_size > 10_000, taken.stderr[-2000:]
     with pytest.raises(urllib.error.HTTPError) as wrong:
         urllib.request.urlopen(f"{base}/keys?access_token=not-a-token", timeout=30)

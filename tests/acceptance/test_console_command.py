@@ -17,9 +17,18 @@ def test_no_tokens_is_refused_with_one_line(tmp_path: Any) -> None:
         load_tokens(None, {})
     env = {k: v for k, v in child_env().items() if not k.startswith("FENCEGATE_CONSOLE")}
     done = subprocess.run(
-        [sys.executable, "-m", "fencegate.cli", "console", "--database-url",
-         f"sqlite:///{tmp_path / 'x.db'}"],
-        capture_output=True, text=True, timeout=30, env=env,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "fencegate.cli",
+            "console",
+            "--database-url",
+            f"sqlite:///{tmp_path / 'x.db'}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=env,
+    )
     assert done.returncode == 2
     assert done.stderr.strip().count("\n") == 0 and "no console tokens" in done.stderr

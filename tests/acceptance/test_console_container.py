@@ -41,11 +41,21 @@ def test_the_image_runs_the_console_on_every_interface(sqlite_url: str, tmp_path
     tokens.write_text(TOKENS)
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "fencegate.cli", "console", "--database-url", sqlite_url,
-         "--tokens", str(tokens)],
+        [
+            sys.executable,
+            "-m",
+            "fencegate.cli",
+            "console",
+            "--database-url",
+            sqlite_url,
+            "--tokens",
+            str(tokens),
+        ],
         env=child_env({**env, "FENCEGATE_CONSOLE_PORT": str(port)}),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         wait_for_port(port, timeout=30)
         with urllib.request.urlopen(f"http://127.0.0.2:{port}/login", timeout=10) as answer:

@@ -28,8 +28,15 @@ from tests.support.net import free_port, wait_for_port
 from tests.support.processes import REPO_ROOT, child_env, stop_process
 
 CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]  # fmt: skip
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 NO_CHROMIUM = "needs Debian's chromium at /usr/bin/chromium (.ci/run installs it)"
 NO_MKDOCS = "needs mkdocs-material (pip install -e '.[docs]'; .ci/run installs it)"
 pytestmark = [
@@ -54,11 +61,24 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The site, built as CI builds it, into a directory outside the checkout."""
     out = tmp_path_factory.mktemp("site")
     built = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file",
-         str(REPO_ROOT / "mkdocs.yml"), "--site-dir", str(out)],
-        cwd=REPO_ROOT, env=child_env({"NO_MKDOCS_2_WARNING": "1"}),
-        capture_output=True, text=True, timeout=240, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "mkdocs",
+            "build",
+            "--strict",
+            "--config-file",
+            str(REPO_ROOT / "mkdocs.yml"),
+            "--site-dir",
+            str(out),
+        ],
+        cwd=REPO_ROOT,
+        env=child_env({"NO_MKDOCS_2_WARNING": "1"}),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
     assert built.returncode == 0, f"mkdocs build --strict failed:\n{built.stderr}"
     return out
 
@@ -68,10 +88,19 @@ def base(site: Path) -> Iterator[str]:
     """A real HTTP server (the standard library's) serving the built site on a free port."""
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
-         "--directory", str(site)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "http.server",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--directory",
+            str(site),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         wait_for_port(port, timeout=30)
         yield f"http://127.0.0.1:{port}"
@@ -126,9 +155,13 @@ async def test_a_newcomer_follows_getting_started_from_the_home_page(page: Any, 
     await expect(page.locator("article h1")).to_contain_text("Getting started")
     headings = await page.locator("article h2").all_inner_texts()
     assert [h.strip("¶").strip() for h in headings] == [
-        "Install", "Run the demo", "Try the checks by hand", "Three more examples",
-        "Run the tests", "Next",
-    ]  # fmt: skip
+        "Install",
+        "Run the demo",
+        "Try the checks by hand",
+        "Three more examples",
+        "Run the tests",
+        "Next",
+    ]
     code = page.locator("article pre")
     await expect(code.filter(has_text="pip install .")).to_have_count(1)
     await expect(code.filter(has_text="fencegate demo")).to_be_visible()

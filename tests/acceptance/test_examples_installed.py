@@ -35,8 +35,10 @@ def plain_env() -> dict[str, str]:
 def pip(python: Path, *args: str) -> None:
     subprocess.run(
         [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", *args],
-        check=True, env=plain_env(), timeout=540,
-    )  # fmt: skip
+        check=True,
+        env=plain_env(),
+        timeout=540,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -53,14 +55,20 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     dist = root / "dist"
     built = subprocess.run(
         [sys.executable, "-m", "build", "--sdist", "--wheel", "--outdir", str(dist), str(source)],
-        capture_output=True, text=True, timeout=540, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=540,
+        check=False,
+    )
     assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
     artifacts = sorted(str(p) for p in dist.iterdir())
     checked = subprocess.run(
         [sys.executable, "-m", "twine", "check", "--strict", *artifacts],
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert checked.returncode == 0, checked.stdout + checked.stderr
     [wheel] = dist.glob("fencegate-*.whl")
     venv.create(root / "venv", with_pip=True)
@@ -71,9 +79,14 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 def run(python: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [str(python), *args], cwd=cwd, env=plain_env(), capture_output=True, text=True,
-        timeout=180, check=False,
-    )  # fmt: skip
+        [str(python), *args],
+        cwd=cwd,
+        env=plain_env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
 
 
 def test_the_installed_package_is_not_the_source_tree(installed: tuple[Path, Path]) -> None:
@@ -89,15 +102,25 @@ def test_the_wheel_says_its_version_and_runs_the_demo(
     python, _ = installed
     fencegate = python.parent / "fencegate"
     version = subprocess.run(
-        [str(fencegate), "--version"], cwd=tmp_path, env=plain_env(), capture_output=True,
-        text=True, timeout=60, check=False,
-    )  # fmt: skip
+        [str(fencegate), "--version"],
+        cwd=tmp_path,
+        env=plain_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert version.returncode == 0, version.stderr
     assert version.stdout.strip() == "fencegate 1.0.0"
     demo = subprocess.run(
-        [str(fencegate), "demo"], cwd=tmp_path, env=plain_env(), capture_output=True,
-        text=True, timeout=180, check=False,
-    )  # fmt: skip
+        [str(fencegate), "demo"],
+        cwd=tmp_path,
+        env=plain_env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
     assert demo.returncode == 0, demo.stdout + demo.stderr
     assert "412" in demo.stdout and "Traceback" not in demo.stderr
 

@@ -283,9 +283,19 @@ async def test_killed_gateway_leaves_an_unknown_outcome_that_is_never_forwarded_
         # not run out, or its lease ended less than the release margin ago), then accepted.
         margin = 10.0
         resolve = (
-            "keys", "resolve", key, "--database-url", store_url, "--completed",
-            "--status", "201", "--body", '{"id": "ch_1"}', "--release-margin", str(margin),
-        )  # fmt: skip
+            "keys",
+            "resolve",
+            key,
+            "--database-url",
+            store_url,
+            "--completed",
+            "--status",
+            "201",
+            "--body",
+            '{"id": "ch_1"}',
+            "--release-margin",
+            str(margin),
+        )
         early = await run_command(*resolve)
         assert early.returncode == 2 and f"key {key!r} not resolved: its" in early.stderr
         await wait_for_key(

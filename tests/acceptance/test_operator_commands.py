@@ -73,10 +73,25 @@ def test_keys_list_show_and_resolve_with_an_audit_record(story: tuple[str, int, 
     assert [h["what"] for h in shown["history"]] == ["reserved", "marked_unknown", "stale"]
 
     resolved = fencegate(
-        "keys", "resolve", key, "--tenant", "acme", "--database-url", url, "--completed",
-        "--status", "201", "--body", '{"id": "ch_1"}', "--by", "night-op", "--reason", "ticket 7",
-        "--release-margin", "0",  # the story's request is not on its way
-    )  # fmt: skip
+        "keys",
+        "resolve",
+        key,
+        "--tenant",
+        "acme",
+        "--database-url",
+        url,
+        "--completed",
+        "--status",
+        "201",
+        "--body",
+        '{"id": "ch_1"}',
+        "--by",
+        "night-op",
+        "--reason",
+        "ticket 7",
+        "--release-margin",
+        "0",  # the story's request is not on its way
+    )
     assert resolved.returncode == 0, resolved.stderr
     still = ok_json("keys", "list", "--state", "outcome_unknown", "--database-url", url)
     assert still["keys"] == []

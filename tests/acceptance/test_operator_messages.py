@@ -34,9 +34,13 @@ pytestmark = pytest.mark.timeout(120)
 
 def fencegate(*args: str, cwd: Path | None = None, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "fencegate.cli", *args], capture_output=True, text=True,
-        timeout=60, env=child_env(env), cwd=cwd,
-    )  # fmt: skip
+        [sys.executable, "-m", "fencegate.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=child_env(env),
+        cwd=cwd,
+    )
 
 
 def one_clear_line(done: subprocess.CompletedProcess[str]) -> str:
@@ -51,10 +55,18 @@ def one_clear_line(done: subprocess.CompletedProcess[str]) -> str:
 
 @pytest.mark.parametrize(
     "command",
-    [["keys", "list"], ["keys", "show", "k"], ["jobs", "list"], ["trace", "job:1"],
-     ["fences", "show", "e"], ["audit", "list"], ["purge"],
-     ["keys", "resolve", "k", "--release"], ["jobs", "purge", "--older-than", "7d"]],
-)  # fmt: skip
+    [
+        ["keys", "list"],
+        ["keys", "show", "k"],
+        ["jobs", "list"],
+        ["trace", "job:1"],
+        ["fences", "show", "e"],
+        ["audit", "list"],
+        ["purge"],
+        ["keys", "resolve", "k", "--release"],
+        ["jobs", "purge", "--older-than", "7d"],
+    ],
+)
 def test_a_read_or_action_without_a_store_creates_none_and_says_what_to_do(
     command: list[str], tmp_path: Path
 ) -> None:
@@ -110,8 +122,14 @@ def test_serve_with_a_bad_database_url_prints_only_that() -> None:
 
 
 def test_help_describes_every_sub_command_and_the_console_address() -> None:
-    for command in (["keys", "list"], ["keys", "show"], ["jobs", "show"], ["jobs", "purge"],
-                    ["fences", "show"], ["audit", "list"]):  # fmt: skip
+    for command in (
+        ["keys", "list"],
+        ["keys", "show"],
+        ["jobs", "show"],
+        ["jobs", "purge"],
+        ["fences", "show"],
+        ["audit", "list"],
+    ):
         shown = fencegate(*command, "--help")
         assert shown.returncode == 0
         description = shown.stdout.split("\n\n")[1]
@@ -126,9 +144,12 @@ async def answer_424(url: str, key: str) -> Any:
     )
     try:
         answer = await call(
-            gate, "POST", "/v1/refunds", body=LEASE_EXPIRED_BODY,
+            gate,
+            "POST",
+            "/v1/refunds",
+            body=LEASE_EXPIRED_BODY,
             headers=[("idempotency-key", key), ("content-type", "application/json")],
-        )  # fmt: skip
+        )
     finally:
         await gate.close()
     assert answer.status == 424, answer.body
@@ -142,8 +163,9 @@ def test_a_lease_expired_key_is_outcome_unknown_in_the_424_and_the_commands(
     problem = asyncio.run(answer_424(store_url, key))
     assert (problem["key_state"], problem["reason"]) == ("outcome_unknown", "lease_expired")
 
-    listed = fencegate("keys", "list", "--state", "outcome_unknown", "--json",
-                       "--database-url", store_url)  # fmt: skip
+    listed = fencegate(
+        "keys", "list", "--state", "outcome_unknown", "--json", "--database-url", store_url
+    )
     [row] = orjson.loads(listed.stdout)["keys"]
     assert (row["key"], row["state"], row["reason"]) == (key, "outcome_unknown", "lease_expired")
     live = fencegate("keys", "list", "--state", "in_flight", "--json", "--database-url", store_url)
@@ -164,11 +186,18 @@ def test_a_lease_expired_key_is_outcome_unknown_in_the_424_and_the_commands(
     (tmp_path / "answer.json").write_text('{"id": "re_1"}')
     command = completed.replace(" N ", " 201 ", 1).replace("fencegate ", "", 1)
     done = subprocess.run(
-        [sys.executable, "-m", "fencegate.cli", *shlex.split(command.replace(
-            '"$FENCEGATE_DATABASE_URL"', shlex.quote(store_url)))],
-        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "fencegate.cli",
+            *shlex.split(command.replace('"$FENCEGATE_DATABASE_URL"', shlex.quote(store_url))),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
         env=child_env({"FENCEGATE_RELEASE_MARGIN": "0"}),
-    )  # fmt: skip
+    )
     assert done.returncode == 0, done.stderr
     after = orjson.loads(
         fencegate("keys", "show", key, "--json", "--database-url", store_url).stdout
@@ -185,16 +214,31 @@ def test_audit_list_shows_who_did_what_and_why(store_url: str) -> None:
     asyncio.run(two_workers_one_fenced_off(store_url))
     key = "capture:inv-1:POST /v1/charges"
     resolved = fencegate(
-        "keys", "resolve", key, "--tenant", "acme", "--database-url", store_url, "--release",
-        "--by", "night-op", "--reason", "upstream has no charge", "--release-margin", "0",
-    )  # fmt: skip
+        "keys",
+        "resolve",
+        key,
+        "--tenant",
+        "acme",
+        "--database-url",
+        store_url,
+        "--release",
+        "--by",
+        "night-op",
+        "--reason",
+        "upstream has no charge",
+        "--release-margin",
+        "0",
+    )
     assert resolved.returncode == 0, resolved.stderr
     [row] = orjson.loads(fencegate("audit", "list", "--json", "--database-url", store_url).stdout)[
         "audit"
     ]
     assert (row["actor"], row["action"], row["subject"], row["reason"]) == (
-        "operator:night-op", "keys.resolve_released", key, "upstream has no charge",
-    )  # fmt: skip
+        "operator:night-op",
+        "keys.resolve_released",
+        key,
+        "upstream has no charge",
+    )
     assert row["before"]["state"] == "outcome_unknown"
     text = fencegate("audit", "list", "--database-url", store_url).stdout
     assert "operator:night-op" in text and "keys.resolve_released" in text
@@ -225,9 +269,17 @@ def test_a_request_is_attributed_to_a_worker_only_when_it_carries_the_jobs_ident
     [decision] = foreign["events"]
     assert (decision["source"], decision["token"], decision["worker"]) == ("gateway", first, None)
     shown = orjson.loads(
-        fencegate("keys", "show", "manual:refund-9", "--tenant", "acme", "--json",
-                  "--database-url", store_url).stdout
-    )  # fmt: skip
+        fencegate(
+            "keys",
+            "show",
+            "manual:refund-9",
+            "--tenant",
+            "acme",
+            "--json",
+            "--database-url",
+            store_url,
+        ).stdout
+    )
     assert [h["worker"] for h in shown["history"]] == [None]
 
     # The job's own requests (its key and entity job:<id>) still name their workers.
@@ -237,9 +289,16 @@ def test_a_request_is_attributed_to_a_worker_only_when_it_carries_the_jobs_ident
     workers = {e["what"]: e["worker"] for e in ours["events"] if e["source"] == "gateway"}
     assert (workers["reserved"], workers["stale"]) == ("worker-2", "worker-1")
     charge = orjson.loads(
-        fencegate("trace", "capture:inv-1:POST /v1/charges", "--tenant", "acme", "--json",
-                  "--database-url", store_url).stdout
-    )  # fmt: skip
+        fencegate(
+            "trace",
+            "capture:inv-1:POST /v1/charges",
+            "--tenant",
+            "acme",
+            "--json",
+            "--database-url",
+            store_url,
+        ).stdout
+    )
     assert "heartbeat_lost" in [e["what"] for e in charge["events"]]
 
 

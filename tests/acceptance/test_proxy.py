@@ -30,10 +30,12 @@ def test_forward_and_replay(upstream: UpstreamProcess, store_url: str) -> None:
     with GatewayProcess(upstream=upstream.url, database_url=store_url) as gateway:
         with httpx.Client(base_url=gateway.url, timeout=30) as client:
             headers = keyed("order-1", X_Execution_Fence="3", X_Execution_Entity="order:1")
-            first = client.post("/orders", params={"b": "2", "a": "1"}, content=b"x" * 5000,
-                                headers=headers)  # fmt: skip
-            again = client.post("/orders", params={"a": "1", "b": "2"}, content=b"x" * 5000,
-                                headers=headers)  # fmt: skip
+            first = client.post(
+                "/orders", params={"b": "2", "a": "1"}, content=b"x" * 5000, headers=headers
+            )
+            again = client.post(
+                "/orders", params={"a": "1", "b": "2"}, content=b"x" * 5000, headers=headers
+            )
     assert first.status_code == 200
     seen = first.json()
     assert seen["path"] == "/orders" and seen["query"] == "b=2&a=1"
@@ -126,8 +128,9 @@ def test_per_hop_headers_stay_behind_and_head_keeps_its_length(
 ) -> None:
     with GatewayProcess(upstream=upstream.url, workdir=tmp_path) as gateway:
         with httpx.Client(base_url=gateway.url, timeout=30) as client:
-            got = client.get("/doc", headers={"Connection": "x-secret-hop", "X-Secret-Hop": "1",
-                                              "X-Kept": "yes"})  # fmt: skip
+            got = client.get(
+                "/doc", headers={"Connection": "x-secret-hop", "X-Secret-Hop": "1", "X-Kept": "yes"}
+            )
             head = client.head("/doc")
     seen = dict(got.json()["headers"])
     assert seen["x-kept"] == "yes"

@@ -196,8 +196,11 @@ async def test_unknown_outcomes_are_completed_released_or_left_by_what_the_upstr
         env={"CHARGES_URL": charges.url},
         workdir=tmp_path,
     ) as gateway:
-        for key, how in [(ran, "x_upstream_delay"), (never, "x_upstream_stall"),
-                         (undecided, "x_upstream_delay")]:  # fmt: skip
+        for key, how in [
+            (ran, "x_upstream_delay"),
+            (never, "x_upstream_stall"),
+            (undecided, "x_upstream_delay"),
+        ]:
             first = await charge(client, gateway.url, key, **{how: "3"})
             assert first.status_code == 504, first.text
 
@@ -213,8 +216,7 @@ async def test_unknown_outcomes_are_completed_released_or_left_by_what_the_upstr
         if kind == "function":
             assert done.headers["x-reconciled-by"] == "function"
 
-        again = await wait_until(lambda: settled(never), timeout=30, what="released",
-                                 interval=0.2)  # fmt: skip
+        again = await wait_until(lambda: settled(never), timeout=30, what="released", interval=0.2)
         assert again is not None
         executions, answers = await charges.astate()
         assert again.status_code == 200 and "idempotent-replayed" not in again.headers
@@ -230,14 +232,20 @@ async def test_unknown_outcomes_are_completed_released_or_left_by_what_the_upstr
         assert executions[undecided] == 1  # never forwarded again meanwhile
 
         metrics = (await client.get(f"{gateway.url}/metrics")).text
-        lines = [line for line in metrics.splitlines()
-                 if line.startswith("fencegate_reconciliations_total{")]  # fmt: skip
+        lines = [
+            line
+            for line in metrics.splitlines()
+            if line.startswith("fencegate_reconciliations_total{")
+        ]
         assert 'fencegate_reconciliations_total{result="completed",route="/v1"} 1.0' in lines
         assert 'fencegate_reconciliations_total{result="released",route="/v1"} 1.0' in lines
         assert any('result="unknown"' in line for line in lines), lines
 
-        log = [line for line in gateway.log_text().splitlines()
-               if "reconciliation " in line and f"key={undecided}" in line]  # fmt: skip
+        log = [
+            line
+            for line in gateway.log_text().splitlines()
+            if "reconciliation " in line and f"key={undecided}" in line
+        ]
         assert log and "result=unknown" in log[-1] and "503" in log[-1], log
 
     counts = await reconciled_keys(store_url)

@@ -51,8 +51,11 @@ async def fencegate(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     return await asyncio.to_thread(
         subprocess.run,
         [sys.executable, "-m", "fencegate.cli", *args],
-        capture_output=True, text=True, timeout=60, env=child_env(env),
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=child_env(env),
+    )
 
 
 async def row_of(store: GatewayStore, pid: int) -> GatewayRow | None:
@@ -125,10 +128,19 @@ async def test_a_killed_gateway_runs_out_and_its_key_becomes_releasable(
 
 async def reserve(store: GatewayStore, key: str, *, lease: float) -> None:
     request = DecideRequest(
-        tenant="acme", key=key, fingerprint="fp", entity="inv-1", fence=None,
-        owner=f"{GATEWAY}/1", lease_seconds=lease, ttl_seconds=3600.0, retry_unknown=False,
-        request_id="req-1", method="POST", target="/v1/charges",
-    )  # fmt: skip
+        tenant="acme",
+        key=key,
+        fingerprint="fp",
+        entity="inv-1",
+        fence=None,
+        owner=f"{GATEWAY}/1",
+        lease_seconds=lease,
+        ttl_seconds=3600.0,
+        retry_unknown=False,
+        request_id="req-1",
+        method="POST",
+        target="/v1/charges",
+    )
     decision = await store.decide(request, timeout=T)
     assert decision.outcome == "reserved"
 
@@ -169,8 +181,9 @@ async def test_keys_resolve_says_why_and_when_and_force_is_audited(
 
     # It stopped: now only the margin (env FENCEGATE_RELEASE_MARGIN, as the gateways have it).
     assert await store.deregister_gateway(GATEWAY, timeout=T)
-    refused = await fencegate("keys", "resolve", key, *where, "--release",
-                              FENCEGATE_RELEASE_MARGIN="600")  # fmt: skip
+    refused = await fencegate(
+        "keys", "resolve", key, *where, "--release", FENCEGATE_RELEASE_MARGIN="600"
+    )
     assert refused.returncode == 2
     assert "its lease ended " in refused.stderr
     assert "a request sent before then may still be on its way: safe to release from " in (
@@ -181,16 +194,30 @@ async def test_keys_resolve_says_why_and_when_and_force_is_audited(
     assert await audit_rows(store_url) == []  # a refusal changes nothing, records nothing
 
     forced = await fencegate(
-        "keys", "resolve", key, *where, "--completed", "--status", "201", "--body",
-        '{"id": "ch_1"}', "--force", "--by", "night-op", "--reason", "upstream shows ch_1",
+        "keys",
+        "resolve",
+        key,
+        *where,
+        "--completed",
+        "--status",
+        "201",
+        "--body",
+        '{"id": "ch_1"}',
+        "--force",
+        "--by",
+        "night-op",
+        "--reason",
+        "upstream shows ch_1",
         FENCEGATE_RELEASE_MARGIN="600",
-    )  # fmt: skip
+    )
     assert forced.returncode == 0, forced.stderr
     assert "completed (forced: the release rule was skipped)" in forced.stdout
     [row] = await audit_rows(store_url)
     assert (row["actor"], row["action"], row["reason"]) == (
-        "operator:night-op", "keys.resolve_forced", "upstream shows ch_1",
-    )  # fmt: skip
+        "operator:night-op",
+        "keys.resolve_forced",
+        "upstream shows ch_1",
+    )
     after = orjson.loads((await fencegate("keys", "show", key, *where, "--json")).stdout)
     assert (after["state"], after["resolution"], after["release"]) == ("completed", "forced", None)
     assert [h["what"] for h in after["history"]] == ["reserved", "resolved_forced"]
@@ -213,13 +240,15 @@ async def test_after_the_margin_the_release_goes_through(
     assert await store.get_key("acme", key, timeout=T) is None
     [row] = await audit_rows(store_url)
     assert (row["action"], orjson.loads(row["before"])["gateway_alive"]) == (
-        "keys.resolve_released", False,
-    )  # fmt: skip
+        "keys.resolve_released",
+        False,
+    )
 
 
 async def test_a_bad_release_margin_is_one_clear_line(store_url: str) -> None:
-    done = await fencegate("keys", "resolve", "k", "--release", "--database-url", store_url,
-                           "--release-margin", "-1")  # fmt: skip
+    done = await fencegate(
+        "keys", "resolve", "k", "--release", "--database-url", store_url, "--release-margin", "-1"
+    )
     assert done.returncode == 2
     assert "the release margin is 0 or more seconds" in done.stderr
     assert "Traceback" not in done.stderr

@@ -105,10 +105,13 @@ def keyed_post(base: str) -> httpx.Response:
     return httpx.post(
         base + "/charges",
         content=b"{}",
-        headers={"Idempotency-Key": f"k-{uuid.uuid4().hex}", "X-Execution-Fence": "1",
-                 "X-Execution-Entity": "order:1"},
+        headers={
+            "Idempotency-Key": f"k-{uuid.uuid4().hex}",
+            "X-Execution-Fence": "1",
+            "X-Execution-Entity": "order:1",
+        },
         timeout=30,
-    )  # fmt: skip
+    )
 
 
 def assert_store_unavailable(answer: httpx.Response) -> None:

@@ -49,15 +49,17 @@ class OtlpReceiver:
                     service = {a.key: a.value.string_value for a in resource.resource.attributes}
                     for scope in resource.scope_spans:
                         for span in scope.spans:
-                            spans.append({
-                                "service": service.get("service.name"),
-                                "name": span.name,
-                                "kind": span.kind,
-                                "trace_id": span.trace_id.hex(),
-                                "span_id": span.span_id.hex(),
-                                "parent": span.parent_span_id.hex(),
-                                "attributes": {a.key: _value(a.value) for a in span.attributes},
-                            })  # fmt: skip
+                            spans.append(
+                                {
+                                    "service": service.get("service.name"),
+                                    "name": span.name,
+                                    "kind": span.kind,
+                                    "trace_id": span.trace_id.hex(),
+                                    "span_id": span.span_id.hex(),
+                                    "parent": span.parent_span_id.hex(),
+                                    "attributes": {a.key: _value(a.value) for a in span.attributes},
+                                }
+                            )
                 answer = otlp.ExportTraceServiceResponse().SerializeToString()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/x-protobuf")
@@ -104,8 +106,9 @@ def traced_gateway(tmp_path: Path) -> Iterator[tuple[GatewayProcess, OtlpReceive
     }
     with OtlpReceiver() as receiver, RawUpstream(status="201 Created") as upstream:
         env["OTEL_EXPORTER_OTLP_ENDPOINT"] = receiver.url
-        with GatewayProcess(upstream=upstream.url, workdir=tmp_path, env=env,
-                            extra_args=["--log-format", "json"]) as gateway:  # fmt: skip
+        with GatewayProcess(
+            upstream=upstream.url, workdir=tmp_path, env=env, extra_args=["--log-format", "json"]
+        ) as gateway:
             yield gateway, receiver
 
 
@@ -121,10 +124,14 @@ def test_the_gateway_continues_the_callers_trace_to_the_upstream(
     gateway, receiver = traced_gateway
     status, seen = post(
         f"{gateway.url}/v1/charges",
-        {"Content-Type": "application/json", "Idempotency-Key": "charge:inv-7",
-         "X-Execution-Fence": "12", "X-Execution-Entity": "invoice:inv-7",
-         "traceparent": f"00-{TRACE_ID}-{CALLER_SPAN}-01"},
-    )  # fmt: skip
+        {
+            "Content-Type": "application/json",
+            "Idempotency-Key": "charge:inv-7",
+            "X-Execution-Fence": "12",
+            "X-Execution-Entity": "invoice:inv-7",
+            "traceparent": f"00-{TRACE_ID}-{CALLER_SPAN}-01",
+        },
+    )
     assert status == 201
     server = receiver.wait_for("POST /")
     client = receiver.wait_for("POST / upstream")
@@ -151,13 +158,19 @@ def test_a_replay_and_a_stale_fence_are_spans_with_their_decision(
     traced_gateway: tuple[GatewayProcess, OtlpReceiver],
 ) -> None:
     gateway, receiver = traced_gateway
-    headers = {"Content-Type": "application/json", "Idempotency-Key": "charge:inv-8",
-               "X-Execution-Fence": "20", "X-Execution-Entity": "invoice:inv-8"}  # fmt: skip
+    headers = {
+        "Content-Type": "application/json",
+        "Idempotency-Key": "charge:inv-8",
+        "X-Execution-Fence": "20",
+        "X-Execution-Entity": "invoice:inv-8",
+    }
     post(f"{gateway.url}/v1/charges", headers)
     post(f"{gateway.url}/v1/charges", headers)
     with pytest.raises(urllib.error.HTTPError) as refused:
-        post(f"{gateway.url}/v1/charges", {**headers, "X-Execution-Fence": "19",
-                                           "Idempotency-Key": "charge:inv-8b"})  # fmt: skip
+        post(
+            f"{gateway.url}/v1/charges",
+            {**headers, "X-Execution-Fence": "19", "Idempotency-Key": "charge:inv-8b"},
+        )
     assert refused.value.code == 412
 
     def decisions() -> set[Any]:
@@ -186,10 +199,13 @@ def test_one_trace_from_the_worker_through_the_gateway_to_the_upstream(
         try:
             await queue.migrate()
             return await queue.enqueue(
-                "charge", {"url": f"{gateway.url}/v1/charges", "n": 1},
-                idempotency_key="charge:inv-9", lease_seconds=5, heartbeat_seconds=1,
+                "charge",
+                {"url": f"{gateway.url}/v1/charges", "n": 1},
+                idempotency_key="charge:inv-9",
+                lease_seconds=5,
+                heartbeat_seconds=1,
                 jitter_seconds=1,
-            )  # fmt: skip
+            )
         finally:
             await queue.close()
 
@@ -202,11 +218,31 @@ def test_one_trace_from_the_worker_through_the_gateway_to_the_upstream(
         "OTEL_BSP_SCHEDULE_DELAY": "100",
     }
     done = subprocess.run(
-        [sys.executable, "-m", "tests.support.worker_process", "--url", queue_url,
-         "--events", str(events), "--kind", "charge", "--tool", tool, "--until-idle",
-         "--lease-seconds", "5", "--heartbeat-seconds", "1", "--jitter-seconds", "1"],
-        env=child_env(env), capture_output=True, text=True, timeout=90,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "tests.support.worker_process",
+            "--url",
+            queue_url,
+            "--events",
+            str(events),
+            "--kind",
+            "charge",
+            "--tool",
+            tool,
+            "--until-idle",
+            "--lease-seconds",
+            "5",
+            "--heartbeat-seconds",
+            "1",
+            "--jitter-seconds",
+            "1",
+        ],
+        env=child_env(env),
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
     assert done.returncode == 0, done.stderr
     attempt = receiver.wait_for("process charge")
     assert attempt["service"] == "billing-worker" and attempt["kind"] == 5  # CONSUMER
@@ -262,6 +298,7 @@ def test_traces_are_off_and_import_nothing_unless_asked() -> None:
         "assert not [m for m in sys.modules if m.startswith('opentelemetry')], 'imported'\n"
     )
     env = {k: v for k, v in child_env().items() if not k.startswith("OTEL_")}
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                          timeout=60)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr

@@ -27,8 +27,11 @@ TOKENS = [
     ConsoleToken.from_secret("watcher", "viewer-secret-012345", role="viewer"),
     ConsoleToken.from_secret("other-op", "other-secret-0123456", role="operator", tenant="other"),
 ]
-SECRETS = {"night-op": "operator-secret-0123", "watcher": "viewer-secret-012345",
-           "other-op": "other-secret-0123456"}  # fmt: skip
+SECRETS = {
+    "night-op": "operator-secret-0123",
+    "watcher": "viewer-secret-012345",
+    "other-op": "other-secret-0123456",
+}
 
 
 class Story:
@@ -139,14 +142,16 @@ async def test_sign_in_sets_a_strict_http_only_cookie(story: Story) -> None:
     async with story.client() as client:
         form = await client.get("/login", headers={"accept": "text/html"})
         bad = await client.post(
-            "/login", data={"csrf": csrf_of(form.text), "token": "not-a-token"},
+            "/login",
+            data={"csrf": csrf_of(form.text), "token": "not-a-token"},
             headers={"origin": ORIGIN, "accept": "text/html"},
-        )  # fmt: skip
+        )
         assert bad.status_code == 401 and "not valid" in bad.text
         good = await client.post(
-            "/login", data={"csrf": csrf_of(bad.text), "token": SECRETS["night-op"]},
+            "/login",
+            data={"csrf": csrf_of(bad.text), "token": SECRETS["night-op"]},
             headers={"origin": ORIGIN},
-        )  # fmt: skip
+        )
         cookie = good.headers["set-cookie"].lower()
         assert good.status_code == 303
         assert "httponly" in cookie and "samesite=strict" in cookie
@@ -174,9 +179,14 @@ async def test_resolve_is_confirmed_then_done_and_audited(story: Story) -> None:
     async with story.client() as client:
         csrf = await sign_in(client, "night-op")
         form = {
-            "csrf": csrf, "tenant": "acme", "key": KEY, "mode": "completed", "status": "201",
-            "body": '{"id": "ch_1"}', "reason": "upstream says ok",
-        }  # fmt: skip
+            "csrf": csrf,
+            "tenant": "acme",
+            "key": KEY,
+            "mode": "completed",
+            "status": "201",
+            "body": '{"id": "ch_1"}',
+            "reason": "upstream says ok",
+        }
         html = {"origin": ORIGIN, "accept": "text/html"}
         review = await client.post("/key/resolve", data={**form, "step": "review"}, headers=html)
         assert review.status_code == 200 and "Confirm: record the answer" in review.text
@@ -186,8 +196,10 @@ async def test_resolve_is_confirmed_then_done_and_audited(story: Story) -> None:
         assert await key_state(story.url) == "completed"
         [row] = await audit_rows(story.url)
         assert (row["actor"], row["action"], row["reason"]) == (
-            "console:night-op", "keys.resolve_completed", "upstream says ok",
-        )  # fmt: skip
+            "console:night-op",
+            "keys.resolve_completed",
+            "upstream says ok",
+        )
         assert orjson.loads(row["before"])["state"] == "outcome_unknown"
         assert orjson.loads(row["after"])["response_status"] == 201
         again = await client.post("/key/resolve", data={**form, "step": "confirm"}, headers=html)
@@ -237,15 +249,23 @@ async def test_resolve_is_refused_until_safe_with_when_then_forced_and_audited(
             assert await key_state(story.url) is None
             [row] = await audit_rows(story.url)
             assert (row["actor"], row["action"], row["reason"]) == (
-                "console:night-op", "keys.resolve_forced", "upstream has no charge",
-            )  # fmt: skip
+                "console:night-op",
+                "keys.resolve_forced",
+                "upstream has no charge",
+            )
 
 
 async def test_bad_status_is_a_clear_error(story: Story) -> None:
     async with story.client() as client:
         csrf = await sign_in(client, "night-op")
-        form = {"csrf": csrf, "tenant": "acme", "key": KEY, "mode": "completed", "status": "42",
-                "step": "confirm"}  # fmt: skip
+        form = {
+            "csrf": csrf,
+            "tenant": "acme",
+            "key": KEY,
+            "mode": "completed",
+            "status": "42",
+            "step": "confirm",
+        }
         page = await client.post(
             "/key/resolve", data=form, headers={"origin": ORIGIN, "accept": "text/html"}
         )
@@ -266,9 +286,10 @@ async def test_viewer_reads_but_cannot_act(story: Story) -> None:
         refused = await client.post("/key/resolve", data=form, headers={"origin": ORIGIN})
         assert refused.status_code == 403
         cancel = await client.post(
-            f"/jobs/{story.job}/cancel", data={"csrf": csrf, "step": "confirm"},
+            f"/jobs/{story.job}/cancel",
+            data={"csrf": csrf, "step": "confirm"},
             headers={"origin": ORIGIN},
-        )  # fmt: skip
+        )
         assert cancel.status_code == 403
         assert await key_state(story.url) == "outcome_unknown"
         assert await audit_rows(story.url) == []
@@ -298,9 +319,10 @@ async def test_job_cancel_then_retry_through_confirmation(story: Story) -> None:
         assert "Confirm: cancel job" in review.text
         for action in ("cancel", "retry"):
             done = await client.post(
-                f"/jobs/{story.job}/{action}", data={"csrf": csrf, "step": "confirm"},
+                f"/jobs/{story.job}/{action}",
+                data={"csrf": csrf, "step": "confirm"},
                 headers=headers,
-            )  # fmt: skip
+            )
             assert done.status_code == 303, done.text
         actions = [(r["actor"], r["action"]) for r in await audit_rows(story.url)]
         assert actions == [("console:night-op", "jobs.retry"), ("console:night-op", "jobs.cancel")]

@@ -180,8 +180,9 @@ async def test_unreachable_postgres_store_is_503_and_nothing_is_forwarded(
     parts = urlsplit(pg_url)
     with TcpRelay(parts.hostname or "127.0.0.1", parts.port or 5432) as relay:
         netloc = f"{parts.username}@127.0.0.1:{relay.port}" if parts.username else ""
-        via_relay = urlunsplit((parts.scheme, netloc or f"127.0.0.1:{relay.port}", parts.path,
-                                parts.query, ""))  # fmt: skip
+        via_relay = urlunsplit(
+            (parts.scheme, netloc or f"127.0.0.1:{relay.port}", parts.path, parts.query, "")
+        )
         store = await open_gateway_store(via_relay, run_migrations=False)
         try:
             engine = Engine(store, store_timeout=1.0)
@@ -190,8 +191,9 @@ async def test_unreachable_postgres_store_is_503_and_nothing_is_forwarded(
             assert ok.status == 200
             getattr(relay, fault)()
             for key in ("b", "c"):
-                answer = await engine.handle(request(key), RoutePolicy(), "default",
-                                             upstream.forward)  # fmt: skip
+                answer = await engine.handle(
+                    request(key), RoutePolicy(), "default", upstream.forward
+                )
                 assert answer.status == 503
                 assert str(problem(answer)["type"]).endswith("/store-unavailable")
             assert upstream.calls == 1
@@ -210,8 +212,9 @@ async def test_a_reservation_that_commits_after_the_503_is_released_so_the_retry
     parts = urlsplit(pg_url)
     with TcpRelay(parts.hostname or "127.0.0.1", parts.port or 5432) as relay:
         netloc = f"{parts.username}@127.0.0.1:{relay.port}" if parts.username else ""
-        via_relay = urlunsplit((parts.scheme, netloc or f"127.0.0.1:{relay.port}", parts.path,
-                                parts.query, ""))  # fmt: skip
+        via_relay = urlunsplit(
+            (parts.scheme, netloc or f"127.0.0.1:{relay.port}", parts.path, parts.query, "")
+        )
         # One connection, its decision statement already prepared: once deafened, the next
         # decision goes out whole (bind, execute, sync) and commits on the server. A new
         # connection opened while the answers are dropped hangs until its connect timeout:
@@ -256,8 +259,9 @@ async def test_an_answer_recorded_with_only_its_reply_lost_is_not_reported_as_lo
     parts = urlsplit(pg_url)
     with TcpRelay(parts.hostname or "127.0.0.1", parts.port or 5432) as relay:
         netloc = f"{parts.username}@127.0.0.1:{relay.port}" if parts.username else ""
-        via_relay = urlunsplit((parts.scheme, netloc or f"127.0.0.1:{relay.port}", parts.path,
-                                parts.query, ""))  # fmt: skip
+        via_relay = urlunsplit(
+            (parts.scheme, netloc or f"127.0.0.1:{relay.port}", parts.path, parts.query, "")
+        )
         store = await open_gateway_store(
             via_relay, run_migrations=False, pool_max_size=1, timeout=2
         )

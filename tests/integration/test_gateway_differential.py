@@ -53,8 +53,17 @@ _HISTORY = (
     " upstream_status FROM fencegate_decisions"
 )
 # What an operator reads of a key, without its times.
-_KEY_FIELDS = ("tenant", "key", "state", "reason", "owner", "attempt", "entity", "fence",
-               "response_status")  # fmt: skip
+_KEY_FIELDS = (
+    "tenant",
+    "key",
+    "state",
+    "reason",
+    "owner",
+    "attempt",
+    "entity",
+    "fence",
+    "response_status",
+)
 
 
 @pytest.fixture(scope="module")
@@ -312,12 +321,22 @@ class TwoStores(RuleBasedStateMachine):
             assert (lite is None) == (pg is None), (tenant, key, lite, pg)
             if lite is not None and pg is not None:
                 assert (
-                    lite.state, lite.unknown, lite.owner, lite.attempt, lite.fence,
-                    lite.resolution, lite.release_blocker,
+                    lite.state,
+                    lite.unknown,
+                    lite.owner,
+                    lite.attempt,
+                    lite.fence,
+                    lite.resolution,
+                    lite.release_blocker,
                 ) == (
-                    pg.state, pg.unknown, pg.owner, pg.attempt, pg.fence, pg.resolution,
+                    pg.state,
+                    pg.unknown,
+                    pg.owner,
+                    pg.attempt,
+                    pg.fence,
+                    pg.resolution,
                     pg.release_blocker,
-                ), (tenant, key)  # fmt: skip
+                ), (tenant, key)
 
     @rule()
     def same_history(self) -> None:

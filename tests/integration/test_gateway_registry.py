@@ -102,9 +102,12 @@ async def test_rows_of_gateways_dead_for_long_are_purged(
 
 async def test_the_middleware_registers_while_it_runs(store_url: str) -> None:
     gate = FencegateMiddleware(
-        EchoApp(), database_url=store_url, routes=[RoutePolicy(prefix="/v1")],
-        store_timeout=T, gateway_heartbeat=0.5,
-    )  # fmt: skip
+        EchoApp(),
+        database_url=store_url,
+        routes=[RoutePolicy(prefix="/v1")],
+        store_timeout=T,
+        gateway_heartbeat=0.5,
+    )
     store = await open_gateway_store(store_url, run_migrations=False, pool_max_size=2)
     try:
         answer = await call(

@@ -134,8 +134,9 @@ async def test_expired_lease_is_taken_over_and_the_old_holder_cannot_record(
     assert await store.complete(new, RESPONSE, timeout=T)
 
 
-@pytest.mark.parametrize(("retry", "outcome"), [(True, Outcome.RETRY_UNKNOWN),
-                                                (False, Outcome.UNKNOWN)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("retry", "outcome"), [(True, Outcome.RETRY_UNKNOWN), (False, Outcome.UNKNOWN)]
+)
 async def test_outcome_unknown_per_route(
     store: GatewayStore, retry: bool, outcome: Outcome
 ) -> None:
@@ -165,8 +166,9 @@ async def test_fence_is_max_and_stale_stores_nothing(store: GatewayStore) -> Non
 async def test_fences_are_per_tenant_and_entity(store: GatewayStore) -> None:
     await store.decide(replace(BASE, key=None, entity="e", fence=100), timeout=T)
     for other in (replace(BASE, tenant="t2"), replace(BASE, entity="e2")):
-        decision = await store.decide(replace(other, key=None, entity=other.entity or "e",
-                                              fence=1), timeout=T)  # fmt: skip
+        decision = await store.decide(
+            replace(other, key=None, entity=other.entity or "e", fence=1), timeout=T
+        )
         assert decision.outcome is Outcome.FENCE_ONLY
 
 
@@ -248,8 +250,7 @@ async def test_two_gateways_racing_on_shared_keys_and_entities_never_fail(store_
 
     async def one(gateway: int, n: int) -> Outcome:
         store = stores[gateway]
-        request = replace(BASE, owner=f"gw-{gateway}", key=f"k{n % 7}", entity=f"e{n % 3}",
-                          fence=n)  # fmt: skip
+        request = replace(BASE, owner=f"gw-{gateway}", key=f"k{n % 7}", entity=f"e{n % 3}", fence=n)
         decision = await store.decide(request, timeout=T)
         if decision.outcome is Outcome.RESERVED or decision.outcome is Outcome.TAKEN_OVER:
             held = Reservation("t1", request.key or "", request.owner, decision.attempt or 1)
@@ -265,8 +266,7 @@ async def test_two_gateways_racing_on_shared_keys_and_entities_never_fail(store_
         for store in stores:
             await store.close()
     assert Outcome.RESERVED in outcomes
-    assert set(outcomes) <= {Outcome.RESERVED, Outcome.REPLAY, Outcome.IN_FLIGHT,
-                             Outcome.STALE}  # fmt: skip
+    assert set(outcomes) <= {Outcome.RESERVED, Outcome.REPLAY, Outcome.IN_FLIGHT, Outcome.STALE}
 
 
 # ------------------------------------------------------------------- unknown outcomes
@@ -539,9 +539,14 @@ async def test_each_decision_and_recorded_answer_leaves_its_history_row(
     """Written by the decision's own statement or transaction: who asked, with which key,
     entity and fence, what was decided, and the status of the answer recorded."""
     fenced = replace(
-        BASE, key="hk", entity="inv:1", fence=7, request_id="req-1", method="POST",
+        BASE,
+        key="hk",
+        entity="inv:1",
+        fence=7,
+        request_id="req-1",
+        method="POST",
         target="/charges",
-    )  # fmt: skip
+    )
     first = await store.decide(fenced, timeout=T)
     reservation = Reservation("t1", "hk", "gw-a", first.attempt or 0, "req-2")
     assert await store.complete(reservation, RESPONSE, timeout=T)
@@ -553,11 +558,20 @@ async def test_each_decision_and_recorded_answer_leaves_its_history_row(
     finally:
         await inspector.close()
     rows = [
-        (e["what"], e["entity"], e["token"], e["attempt"], e["owner"], e["request_id"],
-         e["method"], e["target"], e["status"])
+        (
+            e["what"],
+            e["entity"],
+            e["token"],
+            e["attempt"],
+            e["owner"],
+            e["request_id"],
+            e["method"],
+            e["target"],
+            e["status"],
+        )
         for e in trace.events
         if e["source"] == "gateway"
-    ]  # fmt: skip
+    ]
     assert rows == [
         ("reserved", "inv:1", 7, 1, "gw-a", "req-1", "POST", "/charges", None),
         ("completed", "inv:1", 7, 1, "gw-a", "req-2", None, None, 201),

@@ -358,11 +358,18 @@ class TwoQueues(RuleBasedStateMachine):
             page = await inspector.jobs(state=state, limit=100, timeout=TIMEOUT)
             found.append(
                 [
-                    (self.job(side, row["id"]), row["kind"], row["state"], row["owner_id"],
-                     row["attempt"], row["max_attempts"], row["has_error"])
+                    (
+                        self.job(side, row["id"]),
+                        row["kind"],
+                        row["state"],
+                        row["owner_id"],
+                        row["attempt"],
+                        row["max_attempts"],
+                        row["has_error"],
+                    )
                     for row in page.rows
                 ]
-            )  # fmt: skip
+            )
         overview = await inspector.overview(timeout=TIMEOUT)
         found.append(overview["queue_depth"])
         found.append(overview["reclaimed_leases"])
@@ -436,8 +443,13 @@ async def _operator_story(url: str) -> list[Any]:
         ]
 
     try:
-        spec = {"kind": "a", "payload": {}, "lease_seconds": LEASE,
-                "heartbeat_seconds": HEARTBEAT, "jitter_seconds": JITTER}  # fmt: skip
+        spec = {
+            "kind": "a",
+            "payload": {},
+            "lease_seconds": LEASE,
+            "heartbeat_seconds": HEARTBEAT,
+            "jitter_seconds": JITTER,
+        }
         first, second, third = await queue.enqueue_many(
             [spec | {"idempotency_key": k, "max_attempts": 1} for k in ("j1", "j2", "j3")],
             timeout=TIMEOUT,

@@ -93,9 +93,13 @@ async def test_a_repeated_parameter_in_another_order_is_another_request(
 
 @pytest.mark.parametrize(
     ("path", "query", "body", "method"),
-    [("/other", "", b"{}", "POST"), ("/orders", "x=1", b"{}", "POST"),
-     ("/orders", "", b'{"a":1}', "POST"), ("/orders", "", b"{}", "PUT")],
-)  # fmt: skip
+    [
+        ("/other", "", b"{}", "POST"),
+        ("/orders", "x=1", b"{}", "POST"),
+        ("/orders", "", b'{"a":1}', "POST"),
+        ("/orders", "", b"{}", "PUT"),
+    ],
+)
 async def test_same_key_for_another_request_is_422(
     echo: EchoApp, store: GatewayStore, path: str, query: str, body: bytes, method: str
 ) -> None:
@@ -199,8 +203,9 @@ class HeaderTenants:
 async def test_tenants_never_share_keys_or_fences(echo: EchoApp, store: GatewayStore) -> None:
     app = gateway(echo, store, authenticator=HeaderTenants())
     for tenant, fence in (("acme", "10"), ("globex", "1")):
-        headers = keyed("same-key", x_tenant=tenant, x_execution_fence=fence,
-                        x_execution_entity="job:1")  # fmt: skip
+        headers = keyed(
+            "same-key", x_tenant=tenant, x_execution_fence=fence, x_execution_entity="job:1"
+        )
         answer = await call(app, "POST", "/pay", headers=headers, body=tenant.encode())
         assert answer.status == 200, answer.body
         assert answer.header("idempotent-replayed") is None
@@ -222,11 +227,15 @@ async def test_tenants_never_share_keys_or_fences(echo: EchoApp, store: GatewayS
         [("idempotency-key", "k"), ("x-execution-fence", "1.0"), ("x-execution-entity", "e")],
         [("idempotency-key", "k"), ("x-execution-fence", "1 2"), ("x-execution-entity", "e")],
         [("idempotency-key", "k"), ("x-execution-fence", str(2**63)), ("x-execution-entity", "e")],
-        [("idempotency-key", "k"), ("x-execution-fence", "1"), ("x-execution-fence", "2"),
-         ("x-execution-entity", "e")],
+        [
+            ("idempotency-key", "k"),
+            ("x-execution-fence", "1"),
+            ("x-execution-fence", "2"),
+            ("x-execution-entity", "e"),
+        ],
         [("idempotency-key", "k"), ("x-execution-entity", "e" * 256)],
     ],
-)  # fmt: skip
+)
 async def test_malformed_headers_are_400(
     echo: EchoApp, store: GatewayStore, headers: list[tuple[str, str]]
 ) -> None:
@@ -237,8 +246,13 @@ async def test_malformed_headers_are_400(
 
 
 async def test_identical_repeated_headers_are_fine(echo: EchoApp, store: GatewayStore) -> None:
-    headers = [("idempotency-key", "k"), ("idempotency-key", "k"), ("x-execution-fence", "3"),
-               ("x-execution-fence", "3"), ("x-execution-entity", "e")]  # fmt: skip
+    headers = [
+        ("idempotency-key", "k"),
+        ("idempotency-key", "k"),
+        ("x-execution-fence", "3"),
+        ("x-execution-fence", "3"),
+        ("x-execution-entity", "e"),
+    ]
     assert (await call(gateway(echo, store), "POST", "/pay", headers=headers)).status == 200
 
 
@@ -283,8 +297,9 @@ async def test_body_over_the_limit_is_413(echo: EchoApp, store: GatewayStore) ->
     problem = assert_problem(chunked, 413, "body-too-large")
     assert problem["max_body_bytes"] == 100
     declared = keyed("k", content_length="5000")
-    assert_problem(await call(app, "POST", "/pay", headers=declared, body=b"x" * 10), 413,
-                   "body-too-large")  # fmt: skip
+    assert_problem(
+        await call(app, "POST", "/pay", headers=declared, body=b"x" * 10), 413, "body-too-large"
+    )
     assert (await call(app, "POST", "/pay", headers=keyed("k"), body=b"x" * 100)).status == 200
     assert echo.calls["k"] == 1
 

@@ -86,9 +86,13 @@ async def test_each_key_asked_about_is_a_span_when_traces_are_on(
     monkeypatch.setattr(tracing, "TRACER", provider.get_tracer("test"))
     charges = ChargesApp()
     app = FencegateMiddleware(
-        charges, store=store, routes=[ROUTE], store_timeout=30.0, release_margin=0.2,
+        charges,
+        store=store,
+        routes=[ROUTE],
+        store_timeout=30.0,
+        release_margin=0.2,
         reconcile_interval=0.05,
-    )  # fmt: skip
+    )
     key = f"traced-{uuid.uuid4().hex[:8]}"
     try:
         assert (await post(app, key, ("x-upstream-delay", "3"))).status == 504
@@ -114,9 +118,13 @@ async def test_a_bug_in_the_reconciler_is_an_internal_error_and_the_key_stays(
 
     monkeypatch.setattr(reconciler_module, "stored_answer", broken)
     app = FencegateMiddleware(
-        ChargesApp(), store=store, routes=[ROUTE], store_timeout=30.0, release_margin=0.2,
+        ChargesApp(),
+        store=store,
+        routes=[ROUTE],
+        store_timeout=30.0,
+        release_margin=0.2,
         reconcile_interval=0.05,
-    )  # fmt: skip
+    )
     key = f"bug-{uuid.uuid4().hex[:8]}"
     try:
         assert (await post(app, key, ("x-upstream-delay", "3"))).status == 504
@@ -128,6 +136,9 @@ async def test_a_bug_in_the_reconciler_is_an_internal_error_and_the_key_stays(
         assert (await post(app, key)).status == 424  # left as it was, for another try
     finally:
         await app.close()
-    faults = [r for r in caplog.records if "internal error in reconcile: builtins.KeyError" in
-              r.getMessage()]  # fmt: skip
+    faults = [
+        r
+        for r in caplog.records
+        if "internal error in reconcile: builtins.KeyError" in r.getMessage()
+    ]
     assert faults and faults[0].exc_info is not None  # the traceback, the first time

@@ -100,8 +100,13 @@ class Rows:
                    reconcile_after = (julianday('now') - 2440587.5) * 86400.0 + ?5,
                    expires_at = (julianday('now') - 2440587.5) * 86400.0 + ?6
                WHERE tenant = ?1 AND key = ?2""",
-            tenant, key, state, locked_ago, due_in, expires_in,
-        )  # fmt: skip
+            tenant,
+            key,
+            state,
+            locked_ago,
+            due_in,
+            expires_in,
+        )
 
     async def row(self, key: str, tenant: str = "t1") -> dict[str, Any] | None:
         rows = await self.run(
@@ -115,8 +120,9 @@ class Rows:
                    reconcile_after - (julianday('now') - 2440587.5) * 86400.0 AS next_look,
                    reconcile_after
                FROM fencegate_idempotency_keys WHERE tenant = ?1 AND key = ?2""",
-            tenant, key,
-        )  # fmt: skip
+            tenant,
+            key,
+        )
         return rows[0] if rows else None
 
     async def history(self, key: str) -> list[dict[str, Any]]:
@@ -135,8 +141,9 @@ class Rows:
             "INSERT INTO fencegate_gateways"
             " (instance, host, pid, started_at, heartbeat_at, alive_until)"
             " VALUES (?1, 'h', 1, 0, 0, (julianday('now') - 2440587.5) * 86400.0 + ?2)",
-            instance, seconds,
-        )  # fmt: skip
+            instance,
+            seconds,
+        )
 
 
 @pytest.fixture
@@ -364,9 +371,14 @@ OWNER_ANSWER = StoredResponse(201, [], b"owner's", "o" * 64)
 
 @pytest.mark.parametrize(
     "change",
-    ["its gateway recorded the answer", "taken over", "resolved by an operator",
-     "claimed again", "expired and reserved again"],
-)  # fmt: skip
+    [
+        "its gateway recorded the answer",
+        "taken over",
+        "resolved by an operator",
+        "claimed again",
+        "expired and reserved again",
+    ],
+)
 async def test_a_key_changed_since_the_claim_is_left_alone(
     store: GatewayStore, reconciler: ReconcileStore, rows: Rows, change: str
 ) -> None:

@@ -49,10 +49,19 @@ ANSWER = stored_answer(201, b'{"id": "ch_1"}', "application/json")
 
 def request(key: str, owner: str, *, lease: float) -> DecideRequest:
     return DecideRequest(
-        tenant=TENANT, key=key, fingerprint="fp", entity="e1", fence=None, owner=owner,
-        lease_seconds=lease, ttl_seconds=3600.0, retry_unknown=False, request_id=owner,
-        method="POST", target="/v1/charges",
-    )  # fmt: skip
+        tenant=TENANT,
+        key=key,
+        fingerprint="fp",
+        entity="e1",
+        fence=None,
+        owner=owner,
+        lease_seconds=lease,
+        ttl_seconds=3600.0,
+        retry_unknown=False,
+        request_id=owner,
+        method="POST",
+        target="/v1/charges",
+    )
 
 
 async def in_flight(store: GatewayStore, key: str, *, lease: float = 30.0) -> Reservation:
@@ -325,17 +334,29 @@ async def test_a_resolve_and_its_audit_row_land_together_or_not_at_all(
     await refuse_audits_by(store_url, "operator:refused")
     with pytest.raises(Exception, match="refused"):
         await resolve_key(
-            store, tenant=TENANT, key="k", answer=None, actor="operator:refused", reason="x",
-            margin=0, timeout=T,
-        )  # fmt: skip
+            store,
+            tenant=TENANT,
+            key="k",
+            answer=None,
+            actor="operator:refused",
+            reason="x",
+            margin=0,
+            timeout=T,
+        )
     record = await store.get_key(TENANT, "k", timeout=T)
     assert record is not None and record.state == "outcome_unknown"  # not released
     assert await audit_actions(store_url) == []
 
     done = await resolve_key(
-        store, tenant=TENANT, key="k", answer=None, actor="operator:me", reason="no charge",
-        margin=0, timeout=T,
-    )  # fmt: skip
+        store,
+        tenant=TENANT,
+        key="k",
+        answer=None,
+        actor="operator:me",
+        reason="no charge",
+        margin=0,
+        timeout=T,
+    )
     assert done.result is ResolveResult.RELEASED
     assert await audit_actions(store_url) == [("operator:me", "keys.resolve_released")]
 
@@ -343,9 +364,15 @@ async def test_a_resolve_and_its_audit_row_land_together_or_not_at_all(
 async def test_a_forced_resolve_is_audited_as_forced(store: GatewayStore, store_url: str) -> None:
     await marked_unknown(store, "k")
     done = await resolve_key(
-        store, tenant=TENANT, key="k", answer=ANSWER, actor="operator:me", reason="ticket 9",
-        force=True, timeout=T,
-    )  # fmt: skip
+        store,
+        tenant=TENANT,
+        key="k",
+        answer=ANSWER,
+        actor="operator:me",
+        reason="ticket 9",
+        force=True,
+        timeout=T,
+    )
     assert done.result is ResolveResult.COMPLETED
     inspector = await Inspector.open(store_url)
     try:

@@ -72,11 +72,24 @@ async def test_a_sqlite_database_of_any_pre_1_0_release_upgrades_in_place(
 @pytest.mark.parametrize("kind", ["postgresql", "sqlite"])
 def test_the_protocol_conformance_suite_passes_on_upgraded_databases(kind: StoreKind) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", kind,
-         "tests/integration/test_protocol_conformance.py"],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=580, check=False,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-k",
+            kind,
+            "tests/integration/test_protocol_conformance.py",
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=580,
+        check=False,
         env=child_env({"FENCEGATE_TEST_UPGRADE_FROM": "pre-1.0", **_database_env()}),
-    )  # fmt: skip
+    )
     tail = done.stdout[-3000:] + done.stderr[-2000:]
     assert done.returncode == 0, tail
     assert " passed" in done.stdout and " failed" not in done.stdout, tail

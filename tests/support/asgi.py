@@ -38,10 +38,12 @@ async def call(
     chunk_size: int | None = None,
 ) -> Answer:
     raw_headers = [
-        (k if isinstance(k, bytes) else k.lower().encode("latin-1"),
-         v if isinstance(v, bytes) else v.encode("latin-1"))
+        (
+            k if isinstance(k, bytes) else k.lower().encode("latin-1"),
+            v if isinstance(v, bytes) else v.encode("latin-1"),
+        )
         for k, v in headers
-    ]  # fmt: skip
+    ]
     scope = {
         "type": "http",
         "asgi": {"version": "3.0"},

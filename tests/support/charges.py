@@ -61,8 +61,9 @@ class ChargesApp:
         raw_path = bytes(scope.get("raw_path") or scope["path"].encode()).decode("latin-1")
         if raw_path == "/_charges":
             answers = {k: v.decode() for k, v in self.answers.items()}
-            await _send(send, 200, orjson.dumps({"executions": self.executions,
-                                                 "answers": answers}))  # fmt: skip
+            await _send(
+                send, 200, orjson.dumps({"executions": self.executions, "answers": answers})
+            )
             return
         if method == "GET" and raw_path.startswith(BY_KEY):
             asked = unquote(raw_path[len(BY_KEY) :])
@@ -185,8 +186,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="a fake charges API that keeps its answers")
     parser.add_argument("--port", type=int, required=True)
     args = parser.parse_args(argv)
-    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False,
-                backlog=2048)  # fmt: skip
+    uvicorn.run(
+        app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False, backlog=2048
+    )
 
 
 if __name__ == "__main__":

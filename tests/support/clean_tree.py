@@ -23,8 +23,12 @@ def tree_status() -> set[str] | None:
         return None
     done = subprocess.run(
         ["git", "status", "--porcelain=v1", "--untracked-files=all", "--ignore-submodules"],
-        cwd=REPO_ROOT, capture_output=True, text=True, check=False, timeout=60,
-    )  # fmt: skip
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
     return set(done.stdout.splitlines()) if done.returncode == 0 else None
 
 

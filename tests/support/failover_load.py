@@ -123,7 +123,13 @@ def send(
 ) -> requests.Response:
     """One keyed, fenced charge: the body is the key's own, so a retry is the same request."""
     return (session or requests).post(
-        gateway + "/charges", data=body_for(key), timeout=30,
-        headers={"Idempotency-Key": key, "Content-Type": "application/json",
-                 "X-Execution-Entity": entity, "X-Execution-Fence": str(fence)},
-    )  # fmt: skip
+        gateway + "/charges",
+        data=body_for(key),
+        timeout=30,
+        headers={
+            "Idempotency-Key": key,
+            "Content-Type": "application/json",
+            "X-Execution-Entity": entity,
+            "X-Execution-Fence": str(fence),
+        },
+    )

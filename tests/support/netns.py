@@ -54,8 +54,20 @@ class Sandbox:
                 self._made.append(ns)
                 _ip("-n", ns, "link", "set", "lo", "up")
                 port = f"port{i}"
-                _ip("-n", ns, "link", "add", "eth0", "type", "veth",
-                    "peer", "name", port, "netns", self.switch)  # fmt: skip
+                _ip(
+                    "-n",
+                    ns,
+                    "link",
+                    "add",
+                    "eth0",
+                    "type",
+                    "veth",
+                    "peer",
+                    "name",
+                    port,
+                    "netns",
+                    self.switch,
+                )
                 _ip("-n", ns, "addr", "add", f"{self.addresses[host]}/24", "dev", "eth0")
                 _ip("-n", ns, "link", "set", "eth0", "up")
                 _ip("-n", self.switch, "link", "set", port, "master", "br0")

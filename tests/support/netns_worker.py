@@ -36,10 +36,13 @@ async def main(args: argparse.Namespace) -> None:
     if args.role == "enqueue":
         async with await LeaseQueue.connect(args.db, timeout=10) as queue:
             job_id = await queue.enqueue(
-                "capture", {"invoice": args.invoice, "amount": 4200},
+                "capture",
+                {"invoice": args.invoice, "amount": 4200},
                 idempotency_key=f"payment:{args.invoice}:capture",
-                lease_seconds=3.0, heartbeat_seconds=0.5, jitter_seconds=1.0,
-            )  # fmt: skip
+                lease_seconds=3.0,
+                heartbeat_seconds=0.5,
+                jitter_seconds=1.0,
+            )
         print(job_id)
         return
     answers: list[dict[str, Any]] = []
@@ -50,18 +53,26 @@ async def main(args: argparse.Namespace) -> None:
         url = f"{args.gateway}/payments/{job.payload['invoice']}/capture?delay=1.0"
         response = await job.http().post(url, json={"amount": 4200}, step=STEP)
         body = await response.json()
-        answers.append({
-            "token": job.fencing_token, "status": response.status,
-            "replayed": response.headers.get("Idempotent-Replayed"),
-            "execution": body.get("execution"),
-        })  # fmt: skip
+        answers.append(
+            {
+                "token": job.fencing_token,
+                "status": response.status,
+                "replayed": response.headers.get("Idempotent-Replayed"),
+                "execution": body.get("execution"),
+            }
+        )
         return {"execution": body.get("execution"), "status": response.status}
 
     worker = Worker(
-        args.db, tools={"capture": capture}, worker_id=args.role,
-        events=EventLog(work / f"{args.role}.events"), store_timeout=1.0, grace_seconds=2.0,
-        http_timeout=20.0, poll_seconds=0.2,
-    )  # fmt: skip
+        args.db,
+        tools={"capture": capture},
+        worker_id=args.role,
+        events=EventLog(work / f"{args.role}.events"),
+        store_timeout=1.0,
+        grace_seconds=2.0,
+        http_timeout=20.0,
+        poll_seconds=0.2,
+    )
     running = asyncio.create_task(worker.run())
     if args.role == "w2":
         async with await LeaseQueue.connect(args.db, timeout=10) as queue:
@@ -73,10 +84,16 @@ async def main(args: argparse.Namespace) -> None:
             final = await queue.get(args.job)
         worker.stop()
         await asyncio.wait_for(running, 60)
-        (work / "w2.json").write_text(json.dumps(
-            {"answers": answers, "state": final.state, "owner": final.owner_id,
-             "result": final.result}
-        ))  # fmt: skip
+        (work / "w2.json").write_text(
+            json.dumps(
+                {
+                    "answers": answers,
+                    "state": final.state,
+                    "owner": final.owner_id,
+                    "result": final.result,
+                }
+            )
+        )
         return
     await wait_until((work / "healed").exists, timeout=300, what="the link back")
     [job] = jobs
@@ -99,10 +116,12 @@ async def main(args: argparse.Namespace) -> None:
         async with session.post(
             f"{args.gateway}/payments/{job.payload['invoice']}/capture",
             json={"amount": 4200},
-            headers={"Idempotency-Key": f"payment:{job.payload['invoice']}:capture:{STEP}",
-                     "X-Execution-Fence": str(lease.fencing_token),
-                     "X-Execution-Entity": f"job:{job.id}"},
-        ) as response:  # fmt: skip
+            headers={
+                "Idempotency-Key": f"payment:{job.payload['invoice']}:capture:{STEP}",
+                "X-Execution-Fence": str(lease.fencing_token),
+                "X-Execution-Entity": f"job:{job.id}",
+            },
+        ) as response:
             late["raw_status"] = response.status
             late["raw_problem"] = await response.json(content_type=None)
     worker.stop()

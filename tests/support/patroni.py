@@ -187,15 +187,26 @@ class PatroniCluster:
         with (self.root / "etcd.log").open("ab") as log:
             self.etcd = subprocess.Popen(
                 [
-                    "etcd", "--name", "e0", "--data-dir", str(etcd_dir),
-                    "--listen-client-urls", f"http://127.0.0.1:{self.etcd_port}",
-                    "--advertise-client-urls", f"http://127.0.0.1:{self.etcd_port}",
-                    "--listen-peer-urls", f"http://127.0.0.1:{self.etcd_peer_port}",
-                    "--initial-advertise-peer-urls", f"http://127.0.0.1:{self.etcd_peer_port}",
-                    "--initial-cluster", f"e0=http://127.0.0.1:{self.etcd_peer_port}",
+                    "etcd",
+                    "--name",
+                    "e0",
+                    "--data-dir",
+                    str(etcd_dir),
+                    "--listen-client-urls",
+                    f"http://127.0.0.1:{self.etcd_port}",
+                    "--advertise-client-urls",
+                    f"http://127.0.0.1:{self.etcd_port}",
+                    "--listen-peer-urls",
+                    f"http://127.0.0.1:{self.etcd_peer_port}",
+                    "--initial-advertise-peer-urls",
+                    f"http://127.0.0.1:{self.etcd_peer_port}",
+                    "--initial-cluster",
+                    f"e0=http://127.0.0.1:{self.etcd_peer_port}",
                 ],
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            )  # fmt: skip
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         wait_for_port(self.etcd_port, timeout=30)
         for node in self.nodes:
             node.write_config(synchronous=self.synchronous)
@@ -255,9 +266,12 @@ class PatroniCluster:
     def patronictl(self, *args: str) -> str:
         done = subprocess.run(
             ["patronictl", "-c", str(self.nodes[0].config), *args],
-            capture_output=True, text=True, timeout=60, user=server_user(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            user=server_user(),
             env={**os.environ, "HOME": str(self.root)},
-        )  # fmt: skip
+        )
         if done.returncode != 0:
             raise RuntimeError(f"patronictl {' '.join(args)}: {done.stdout}{done.stderr}")
         return done.stdout

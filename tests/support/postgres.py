@@ -119,19 +119,43 @@ def _start_private(run_dir: Path) -> dict[str, Any]:
         shutil.chown(run_dir, run_as[2])
         shutil.chown(datadir, run_as[2])
     subprocess.run(
-        [*run_as, f"{bindir}/initdb", "-D", str(datadir), "-A", "trust", "-U", "postgres",
-         "--no-sync", "--no-instructions"],
-        check=True, capture_output=True, timeout=120,
-    )  # fmt: skip
+        [
+            *run_as,
+            f"{bindir}/initdb",
+            "-D",
+            str(datadir),
+            "-A",
+            "trust",
+            "-U",
+            "postgres",
+            "--no-sync",
+            "--no-instructions",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     options = " ".join(f"-c {name}={value}" for name, value in PRIVATE_SETTINGS.items())
     for _attempt in range(5):  # a port taken between free_port() and the bind: another one
         port = free_port()
         started = subprocess.run(
-            [*run_as, f"{bindir}/pg_ctl", "-D", str(datadir), "-w", "-t", "60",
-             "-l", str(datadir / "log"), "-o", f"-p {port} -k {datadir} -h 127.0.0.1 {options}",
-             "start"],
-            capture_output=True, timeout=120,
-        )  # fmt: skip
+            [
+                *run_as,
+                f"{bindir}/pg_ctl",
+                "-D",
+                str(datadir),
+                "-w",
+                "-t",
+                "60",
+                "-l",
+                str(datadir / "log"),
+                "-o",
+                f"-p {port} -k {datadir} -h 127.0.0.1 {options}",
+                "start",
+            ],
+            capture_output=True,
+            timeout=120,
+        )
         if started.returncode == 0:
             break
     else:
@@ -149,10 +173,18 @@ def _start_private(run_dir: Path) -> dict[str, Any]:
 def _stop_private(state: dict[str, Any]) -> None:
     if state.get("private"):
         subprocess.run(
-            [*state["run_as"], f"{state['bindir']}/pg_ctl", "-D", state["datadir"],
-             "-m", "immediate", "stop"],
-            capture_output=True, timeout=60,
-        )  # fmt: skip
+            [
+                *state["run_as"],
+                f"{state['bindir']}/pg_ctl",
+                "-D",
+                state["datadir"],
+                "-m",
+                "immediate",
+                "stop",
+            ],
+            capture_output=True,
+            timeout=60,
+        )
 
 
 def _run_dir() -> Path:

@@ -30,9 +30,12 @@ _BOOKKEEPING = (
 
 def _git(*args: str) -> str:
     return subprocess.run(
-        ["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True, check=True,
+        ["git", "-C", str(REPO_ROOT), *args],
+        capture_output=True,
+        text=True,
+        check=True,
         timeout=30,
-    ).stdout  # fmt: skip
+    ).stdout
 
 
 def history_missing() -> str | None:

@@ -14,10 +14,19 @@ from tests.support.waits import wait_until
 
 def request(token: int, owner: str, key: str, entity: str, **extra: Any) -> DecideRequest:
     fields: dict[str, Any] = {
-        "tenant": "acme", "key": key, "fingerprint": "f", "entity": entity, "fence": token,
-        "owner": owner, "lease_seconds": 30.0, "ttl_seconds": 3600.0, "retry_unknown": False,
-        "request_id": f"req-{owner}", "method": "POST", "target": "/v1/charges",
-    }  # fmt: skip
+        "tenant": "acme",
+        "key": key,
+        "fingerprint": "f",
+        "entity": entity,
+        "fence": token,
+        "owner": owner,
+        "lease_seconds": 30.0,
+        "ttl_seconds": 3600.0,
+        "retry_unknown": False,
+        "request_id": f"req-{owner}",
+        "method": "POST",
+        "target": "/v1/charges",
+    }
     return DecideRequest(**(fields | extra))
 
 
@@ -28,9 +37,14 @@ async def two_workers_one_fenced_off(url: str) -> tuple[int, int, int]:
     store = await open_gateway_store(url, run_migrations=False)
     try:
         job = await queue.enqueue(
-            "capture", {"invoice": "inv-1"}, idempotency_key="capture:inv-1", max_attempts=3,
-            lease_seconds=0.5, heartbeat_seconds=0.1, jitter_seconds=0.1,
-        )  # fmt: skip
+            "capture",
+            {"invoice": "inv-1"},
+            idempotency_key="capture:inv-1",
+            max_attempts=3,
+            lease_seconds=0.5,
+            heartbeat_seconds=0.1,
+            jitter_seconds=0.1,
+        )
         [first] = await queue.claim("worker-1", kinds=["capture"], limit=1)
         # worker-2 gets the job once worker-1's lease has run out, by the database clock.
         [second] = await wait_until(
@@ -71,11 +85,19 @@ async def gateway_stopped_in_flight(url: str) -> str:
     try:
         fingerprint = request_fingerprint("POST", "/v1/refunds", "", LEASE_EXPIRED_BODY)
         reserved = await store.decide(
-            request(0, "gw-gone/1", LEASE_EXPIRED_KEY, "refund:r-7", tenant="default",
-                    fence=None, fingerprint=fingerprint, lease_seconds=0.3,
-                    target="/v1/refunds"),
+            request(
+                0,
+                "gw-gone/1",
+                LEASE_EXPIRED_KEY,
+                "refund:r-7",
+                tenant="default",
+                fence=None,
+                fingerprint=fingerprint,
+                lease_seconds=0.3,
+                target="/v1/refunds",
+            ),
             timeout=30,
-        )  # fmt: skip
+        )
         assert reserved.outcome == "reserved"
 
         async def expired() -> bool:

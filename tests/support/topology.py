@@ -88,9 +88,19 @@ class PgNode:
 
     def init_standby(self, primary: PgNode) -> None:
         self._run(
-            f"{self.bin}/pg_basebackup", "-D", str(self.dir), "-h", "127.0.0.1",
-            "-p", str(primary.port), "-U", "postgres", "-R", "-X", "stream",
-        )  # fmt: skip
+            f"{self.bin}/pg_basebackup",
+            "-D",
+            str(self.dir),
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(primary.port),
+            "-U",
+            "postgres",
+            "-R",
+            "-X",
+            "stream",
+        )
         # The standby's name, which synchronous_standby_names matches.
         with (self.dir / "postgresql.auto.conf").open("a") as conf:
             conf.write(
@@ -100,10 +110,16 @@ class PgNode:
 
     def start(self) -> None:
         self._run(
-            f"{self.bin}/pg_ctl", "-D", str(self.dir), "-w", "-l", str(self.dir / "log"),
-            "-o", f"-p {self.port} -k {self.dir} -h {self.host} -c max_connections=100",
+            f"{self.bin}/pg_ctl",
+            "-D",
+            str(self.dir),
+            "-w",
+            "-l",
+            str(self.dir / "log"),
+            "-o",
+            f"-p {self.port} -k {self.dir} -h {self.host} -c max_connections=100",
             "start",
-        )  # fmt: skip
+        )
         if not self.wrap:
             wait_for_port(self.port)  # pg_ctl -w has waited already; this is the socket
 

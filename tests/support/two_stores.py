@@ -19,8 +19,11 @@ from tests.support import postgres
 
 # The gateway's tables, and moving their clock forward (every stored time shifted back).
 GATEWAY_TABLES = (
-    "fencegate_idempotency_keys", "fencegate_fences", "fencegate_decisions", "fencegate_gateways",
-)  # fmt: skip
+    "fencegate_idempotency_keys",
+    "fencegate_fences",
+    "fencegate_decisions",
+    "fencegate_gateways",
+)
 GATEWAY_PG_SHIFT = [
     "UPDATE fencegate_idempotency_keys SET locked_until = locked_until - $1::interval,"
     " reserved_at = reserved_at - $1::interval, created_at = created_at - $1::interval,"

@@ -74,29 +74,41 @@ def test_precedence_is_command_line_then_environment_then_file(
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ('[[routes]]\non_unknown = "maybe"',
-         "routes[0].on_unknown: Input should be 'retry' or 'reject'"),
-        ('[[routes]]\nprefix = "/a"\n[[routes]]\ntimeout = -1',
-         "routes[1].timeout: Input should be greater than 0"),
-        ('[[routes]]\nfence = true', "routes[0].fence: Extra inputs are not permitted"),
+        (
+            '[[routes]]\non_unknown = "maybe"',
+            "routes[0].on_unknown: Input should be 'retry' or 'reject'",
+        ),
+        (
+            '[[routes]]\nprefix = "/a"\n[[routes]]\ntimeout = -1',
+            "routes[1].timeout: Input should be greater than 0",
+        ),
+        ("[[routes]]\nfence = true", "routes[0].fence: Extra inputs are not permitted"),
         ('[[routes]]\nentity = "body"', "routes[0].entity: entity must be 'header'"),
         ('[[routes]]\nprefix = "api"', "routes[0].prefix: must start with '/'"),
-        ('[[routes]]\nstored_statuses = [200, 700]', "routes[0].stored_statuses: 700 is not"),
+        ("[[routes]]\nstored_statuses = [200, 700]", "routes[0].stored_statuses: 700 is not"),
         ('[gateway]\nstore_timeout = "soon"', "gateway.store_timeout: Input should be a valid"),
-        ('[gateway]\nlisten = 1', "gateway.listen: Extra inputs are not permitted"),
-        ('[server]\nport = 1', "server: Extra inputs are not permitted"),
+        ("[gateway]\nlisten = 1", "gateway.listen: Extra inputs are not permitted"),
+        ("[server]\nport = 1", "server: Extra inputs are not permitted"),
         # A typo gets the closest real name.
-        ('[[routes]]\non_unknwon = "retry"',
-         "routes[0].on_unknwon: Extra inputs are not permitted; did you mean 'on_unknown'?"),
-        ('[[routes]]\nmethod = ["POST"]',
-         "routes[0].method: Extra inputs are not permitted; did you mean 'methods'?"),
-        ('[gateway]\nstore_timout = 2',
-         "gateway.store_timout: Extra inputs are not permitted; did you mean 'store_timeout'?"),
-        ('[rotues]\nprefix = "/"',
-         "rotues: Extra inputs are not permitted; did you mean 'routes'?"),
+        (
+            '[[routes]]\non_unknwon = "retry"',
+            "routes[0].on_unknwon: Extra inputs are not permitted; did you mean 'on_unknown'?",
+        ),
+        (
+            '[[routes]]\nmethod = ["POST"]',
+            "routes[0].method: Extra inputs are not permitted; did you mean 'methods'?",
+        ),
+        (
+            "[gateway]\nstore_timout = 2",
+            "gateway.store_timout: Extra inputs are not permitted; did you mean 'store_timeout'?",
+        ),
+        (
+            '[rotues]\nprefix = "/"',
+            "rotues: Extra inputs are not permitted; did you mean 'routes'?",
+        ),
         ("[[routes]\n", "not valid TOML"),
     ],
-)  # fmt: skip
+)
 def test_bad_file_is_refused_naming_the_field(tmp_path: Path, text: str, message: str) -> None:
     path = write(tmp_path, text)
     with pytest.raises(ConfigError) as caught:
@@ -117,8 +129,9 @@ def test_routes_inherit_the_gateway_wide_limits(
     monkeypatch.setenv("FENCEGATE_UPSTREAM_TIMEOUT", "7")
     monkeypatch.setenv("FENCEGATE_KEY_TTL_SECONDS", "600")
     path = write(tmp_path, '[[routes]]\nprefix = "/a"\n[[routes]]\nprefix = "/b"\ntimeout = 2\n')
-    config = load_config({"config": path, "upstream": "http://127.0.0.1:9000",
-                          "max_body_bytes": 1000})  # fmt: skip
+    config = load_config(
+        {"config": path, "upstream": "http://127.0.0.1:9000", "max_body_bytes": 1000}
+    )
     a, b = config.policies()
     default = config.default_policy()
     assert (a.timeout, a.key_ttl_seconds, a.max_body_bytes) == (7.0, 600.0, 1000)

@@ -89,9 +89,13 @@ def test_different_plain_names_keep_the_order_fingerprints_were_stored_with(
 
 
 @given(
-    st.text(max_size=20), st.text(max_size=20), st.binary(max_size=20),
-    st.text(max_size=20), st.text(max_size=20), st.binary(max_size=20),
-)  # fmt: skip
+    st.text(max_size=20),
+    st.text(max_size=20),
+    st.binary(max_size=20),
+    st.text(max_size=20),
+    st.text(max_size=20),
+    st.binary(max_size=20),
+)
 def test_fingerprint_has_no_collisions_between_field_splits(
     path_a: str, query_a: str, body_a: bytes, path_b: str, query_b: str, body_b: bytes
 ) -> None:

@@ -61,9 +61,21 @@ def test_valid_fences(values: list[str], expected: int | None) -> None:
 
 @pytest.mark.parametrize(
     "values",
-    [[""], ["-1"], ["+1"], [" 1"], ["1 "], ["1.0"], ["1e3"], ["0x10"], ["\u0661"],
-     [str(2**63)], ["9" * 50], ["1", "2"]],
-)  # fmt: skip
+    [
+        [""],
+        ["-1"],
+        ["+1"],
+        [" 1"],
+        ["1 "],
+        ["1.0"],
+        ["1e3"],
+        ["0x10"],
+        ["\u0661"],
+        [str(2**63)],
+        ["9" * 50],
+        ["1", "2"],
+    ],
+)
 def test_malformed_fences(values: list[str]) -> None:
     with pytest.raises(Problem) as caught:
         parse_fence(values)

@@ -27,10 +27,13 @@ def test_the_424_says_when_releasing_becomes_safe_and_whether_fencegate_asks_its
     reconciling = cast(
         Decision,
         SimpleNamespace(
-            outcome=Outcome.UNKNOWN, attempt=1, key_state="outcome_unknown",
-            unknown_since=since, reconcile_after=since + 60,
+            outcome=Outcome.UNKNOWN,
+            attempt=1,
+            key_state="outcome_unknown",
+            unknown_since=since,
+            reconcile_after=since + 60,
         ),
-    )  # fmt: skip
+    )
     body = outcome_unknown(reconciling, "acme", "k", release_margin=30).to_dict()
     assert "fencegate is asking the upstream whether it ran" in body["detail"]
     assert body["reconcile_after"] == utc(since + 60)

@@ -47,11 +47,13 @@ def probe(target: str, **more: object) -> HttpProbe:
         ("/v1/invoices/{entity}/fence/{fence}", "/v1/invoices/invoice_id%3Ainv-7/fence/17"),
         ("/v1/customers/{json.customer.id}/charges", "/v1/customers/cus%2F1%20x/charges"),
         ("/t/{json.customer.tier}/{json.amount}/{json.ok}", "/t/3/1250/true"),
-        ("/v1/charges?idempotency_key={key}&x=1",
-         "/v1/charges?idempotency_key=order%2042%2Fa%3Fb%23c%25&x=1"),
+        (
+            "/v1/charges?idempotency_key={key}&x=1",
+            "/v1/charges?idempotency_key=order%2042%2Fa%3Fb%23c%25&x=1",
+        ),
         ("/v1/plain", "/v1/plain"),
     ],
-)  # fmt: skip
+)
 def test_placeholders_are_filled_each_as_one_encoded_segment(target: str, rendered: str) -> None:
     assert probe(target).render(REQUEST) == rendered
 
@@ -61,15 +63,21 @@ def test_placeholders_are_filled_each_as_one_encoded_segment(target: str, render
     [
         ("/e/{entity}", StoredRequest("t", "k", "POST", "/", b"", None, 1, 1), "named no entity"),
         ("/f/{fence}", StoredRequest("t", "k", "POST", "/", b"", "e", None, 1), "no fence"),
-        ("/j/{json.id}", StoredRequest("t", "k", "POST", "/", b"amount=1", None, None, 1),
-         "not JSON"),
-        ("/j/{json.id}", StoredRequest("t", "k", "POST", "/", b"", None, None, 1),
-         "no body was stored"),
+        (
+            "/j/{json.id}",
+            StoredRequest("t", "k", "POST", "/", b"amount=1", None, None, 1),
+            "not JSON",
+        ),
+        (
+            "/j/{json.id}",
+            StoredRequest("t", "k", "POST", "/", b"", None, None, 1),
+            "no body was stored",
+        ),
         ("/j/{json.customer.name}", REQUEST, "no text or number at customer.name"),
         ("/j/{json.customer}", REQUEST, "no text or number at customer"),
         ("/j/{json.amount.cents}", REQUEST, "no field amount.cents"),
     ],
-)  # fmt: skip
+)
 def test_a_placeholder_without_a_value_says_which(
     target: str, request_: StoredRequest, why: str
 ) -> None:
@@ -80,8 +88,15 @@ def test_a_placeholder_without_a_value_says_which(
 def test_statuses_say_executed_not_executed_or_nothing() -> None:
     rule = probe("/x", executed=[200, 201], not_executed=[404, 410])
     assert [rule.judge(s) for s in (200, 201, 404, 410, 409, 500, 503, 302)] == [
-        "executed", "executed", "not_executed", "not_executed", None, None, None, None,
-    ]  # fmt: skip
+        "executed",
+        "executed",
+        "not_executed",
+        "not_executed",
+        None,
+        None,
+        None,
+        None,
+    ]
 
 
 def test_the_probe_table_defaults_and_normalises() -> None:
@@ -115,13 +130,18 @@ def test_the_probe_goes_to_the_routes_upstream_as_a_request() -> None:
         and scope["path"] == "/v1/charges/by-key/a/b"
     )
     assert scope["query_string"] == b"expand=1" and scope["server"] == ("pay.example", 8443)
-    assert scope["headers"] == [(b"authorization", b"Bearer t")]  # fmt: skip
+    assert scope["headers"] == [(b"authorization", b"Bearer t")]
 
 
 def test_an_executed_answer_is_stored_as_the_engine_stores_one() -> None:
     policy = RoutePolicy(max_stored_body_bytes=8)
-    headers = [("Content-Type", "application/json"), ("Set-Cookie", "s=1"), ("Date", "x"),
-               ("Content-Length", "2"), ("X-Charge", "ch_1")]  # fmt: skip
+    headers = [
+        ("Content-Type", "application/json"),
+        ("Set-Cookie", "s=1"),
+        ("Date", "x"),
+        ("Content-Length", "2"),
+        ("X-Charge", "ch_1"),
+    ]
     small = stored_answer(Executed(200, headers, b"{}"), policy)
     assert small.status == 200 and small.body == b"{}"
     assert small.headers == [("Content-Type", "application/json"), ("X-Charge", "ch_1")]
@@ -185,28 +205,40 @@ def test_a_config_file_declares_either_kind(tmp_path: Path) -> None:
     ("route", "message"),
     [
         ('reconcile = { target = "/x" }', "routes[0].reconcile: executed: Field required"),
-        ('reconcile = { target = "x/{key}", executed = [200] }',
-         "routes[0].reconcile: target: must start with '/'"),
-        ('reconcile = { target = "/x/{id}", executed = [200] }',
-         "routes[0].reconcile: target: {id} is not a placeholder"),
+        (
+            'reconcile = { target = "x/{key}", executed = [200] }',
+            "routes[0].reconcile: target: must start with '/'",
+        ),
+        (
+            'reconcile = { target = "/x/{id}", executed = [200] }',
+            "routes[0].reconcile: target: {id} is not a placeholder",
+        ),
         ('reconcile = { target = "/x/{json.}", executed = [200] }', "{json.} is not a placeholder"),
         ('reconcile = { target = "/x/{key", executed = [200] }', "unbalanced"),
         ('reconcile = { target = "/x", executed = [] }', "executed: needs at least one status"),
-        ('reconcile = { target = "/x", executed = [200], not_executed = [503] }',
-         "not_executed: 503 cannot be listed"),
-        ('reconcile = { target = "/x", executed = [200, 404], not_executed = [404] }',
-         "404 is both executed and not_executed"),
+        (
+            'reconcile = { target = "/x", executed = [200], not_executed = [503] }',
+            "not_executed: 503 cannot be listed",
+        ),
+        (
+            'reconcile = { target = "/x", executed = [200, 404], not_executed = [404] }',
+            "404 is both executed and not_executed",
+        ),
         ('reconcile = { target = "/x", executed = [200], method = "G T" }', "not an HTTP method"),
-        ('reconcile = { target = "/x", executed = [200], retries = 3 }',
-         "retries: Extra inputs are not permitted"),
-        ('reconcile = "no_such_module_here:check"',
-         "routes[0].reconcile: cannot import 'no_such_module_here'"),
+        (
+            'reconcile = { target = "/x", executed = [200], retries = 3 }',
+            "retries: Extra inputs are not permitted",
+        ),
+        (
+            'reconcile = "no_such_module_here:check"',
+            "routes[0].reconcile: cannot import 'no_such_module_here'",
+        ),
         ('reconcile = "tests.support.reconcile_probes:missing"', "has no 'missing'"),
         ('reconcile = "tests.support.reconcile_probes:not_async"', "is not an async function"),
         ('reconcile = "check_it"', "neither a probe table nor a function named"),
         ("reconcile = 3", "must be a probe table"),
     ],
-)  # fmt: skip
+)
 def test_a_bad_reconcile_option_is_refused_with_the_field_named(
     tmp_path: Path, route: str, message: str
 ) -> None:

@@ -24,8 +24,12 @@ def test_an_unknown_pool_mode_is_refused_naming_the_choices() -> None:
 
 
 def test_behind_a_transaction_pooler_settings_move_to_set_local() -> None:
-    settings = {"jit": "off", "application_name": "a", "search_path": "fg",
-                "plan_cache_mode": "force_generic_plan"}  # fmt: skip
+    settings = {
+        "jit": "off",
+        "application_name": "a",
+        "search_path": "fg",
+        "plan_cache_mode": "force_generic_plan",
+    }
     startup, local = _split_settings(settings, transaction_pooling=False)
     assert (startup, local.sql) == (settings, "")
     startup, local = _split_settings(settings, transaction_pooling=True)

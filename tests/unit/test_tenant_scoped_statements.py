@@ -31,8 +31,11 @@ def tenant_filtered(statement: str) -> bool:
     statement = statement.partition("ON CONFLICT (tenant")[0]
     if "ON CONFLICT" in statement:
         return False  # a conflict target without the tenant
-    wheres = re.findall(r"\bWHERE\b(.*?)(?=\bWHERE\b|\bRETURNING\b|\)\s*,|\)\s*SELECT|$)",
-                        statement, flags=re.S | re.I)  # fmt: skip
+    wheres = re.findall(
+        r"\bWHERE\b(.*?)(?=\bWHERE\b|\bRETURNING\b|\)\s*,|\)\s*SELECT|$)",
+        statement,
+        flags=re.S | re.I,
+    )
     for where in wheres:
         if re.search(r"\$\d+::boolean|^\s*\$\d+\s*$|^\s*NOT\s", where.strip()):
             continue  # a switch (history kept or not), not a row filter
@@ -62,9 +65,10 @@ def test_every_gateway_statement_on_tenant_rows_filters_on_the_tenant() -> None:
     gateway = {name: sql for name, sql in queries("postgresql").items() if touched_tables(sql)}
     assert {"release", "mark_unknown", "renew", "get_key"} <= set(gateway)
     unfiltered = [
-        name for name, sql in gateway.items()
+        name
+        for name, sql in gateway.items()
         if name not in SPANS_TENANTS and not tenant_filtered(sql)
-    ]  # fmt: skip
+    ]
     assert unfiltered == []
 
 

@@ -111,8 +111,11 @@ async def test_sigterm_finishes_what_it_can_and_releases_the_rest(
 ) -> None:
     queue = await LeaseQueue.connect(store_url)
     events = tmp_path / "events.jsonl"
-    intervals: dict[str, Any] = {"lease_seconds": 2.0, "heartbeat_seconds": 0.5,
-                                 "jitter_seconds": 0.5}  # fmt: skip
+    intervals: dict[str, Any] = {
+        "lease_seconds": 2.0,
+        "heartbeat_seconds": 0.5,
+        "jitter_seconds": 0.5,
+    }
     short_id = await queue.enqueue(
         "work", {"seconds": 1.0}, idempotency_key="work:short", **intervals
     )

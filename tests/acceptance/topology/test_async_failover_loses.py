@@ -76,20 +76,29 @@ async def test_an_asynchronous_standby_loses_acknowledged_decisions(
         load = KeyedLoad([gateway.url], prefix="async", clients=6)
         load.start()
         try:
-            await wait_until(lambda: len(load.result.answers) >= 30, timeout=60,
-                             what="load before the standby falls behind")  # fmt: skip
+            await wait_until(
+                lambda: len(load.result.answers) >= 30,
+                timeout=60,
+                what="load before the standby falls behind",
+            )
             old = cluster.primary()
             standby = next(n for n in cluster.nodes if n is not old)
             os.kill(await wal_sender_pid(old), signal.SIGSTOP)
             behind_from = len(load.result.answers)
-            await wait_until(lambda: len(load.result.answers) >= behind_from + 60, timeout=60,
-                             what="answers the standby has not received")  # fmt: skip
+            await wait_until(
+                lambda: len(load.result.answers) >= behind_from + 60,
+                timeout=60,
+                what="answers the standby has not received",
+            )
             acknowledged_only_on_primary = len(load.result.answers) - behind_from
             old.stop()  # the primary's host dies (its paused WAL sender with it)
             died_at = time.monotonic()
             cluster.wait_for(lambda: standby.role() == "primary", 120, "the standby's promotion")
-            await wait_until(lambda: load.result.first_success_after(died_at) is not None,
-                             timeout=120, what="a success after the failover")  # fmt: skip
+            await wait_until(
+                lambda: load.result.first_success_after(died_at) is not None,
+                timeout=120,
+                what="a success after the failover",
+            )
         finally:
             result = load.stop()
         differ = []

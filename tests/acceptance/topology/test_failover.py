@@ -79,23 +79,37 @@ async def run_failover(
         ]
         workers = [
             make_worker(
-                database, {"charge": charge}, worker_id=f"w{i}", concurrency=2,
-                poll_seconds=0.2, store_timeout=3.0, require_synchronous_replication=True,
+                database,
+                {"charge": charge},
+                worker_id=f"w{i}",
+                concurrency=2,
+                poll_seconds=0.2,
+                store_timeout=3.0,
+                require_synchronous_replication=True,
             )
             for i in range(2)
-        ]  # fmt: skip
-        with UpstreamProcess() as upstream, GatewayProcess(
-            upstream=upstream.url, database_url=database,
-            extra_args=["--require-synchronous-replication", "--store-timeout", "2"],
-        ) as g1, GatewayProcess(
-            upstream=upstream.url, database_url=database,
-            extra_args=["--require-synchronous-replication", "--store-timeout", "2"],
-        ) as g2:  # fmt: skip
+        ]
+        with (
+            UpstreamProcess() as upstream,
+            GatewayProcess(
+                upstream=upstream.url,
+                database_url=database,
+                extra_args=["--require-synchronous-replication", "--store-timeout", "2"],
+            ) as g1,
+            GatewayProcess(
+                upstream=upstream.url,
+                database_url=database,
+                extra_args=["--require-synchronous-replication", "--store-timeout", "2"],
+            ) as g2,
+        ):
             load = KeyedLoad([g1.url, g2.url], prefix=prefix)
             async with running(workers[0], timeout=60), running(workers[1], timeout=60):
                 load.start()
-                await wait_until(lambda: len(load.result.answers) >= 40, timeout=60,
-                                 what="load before the failover")  # fmt: skip
+                await wait_until(
+                    lambda: len(load.result.answers) >= 40,
+                    timeout=60,
+                    what="load before the failover",
+                )
                 old = cluster.primary()
                 disrupted_at = time.monotonic()
                 if disrupt == "kill":
@@ -103,24 +117,35 @@ async def run_failover(
                 else:
                     other = next(n for n in cluster.nodes if n is not old)
                     await asyncio.to_thread(
-                        cluster.patronictl, "switchover", "--leader", old.name,
-                        "--candidate", other.name, "--force",
-                    )  # fmt: skip
+                        cluster.patronictl,
+                        "switchover",
+                        "--leader",
+                        old.name,
+                        "--candidate",
+                        other.name,
+                        "--force",
+                    )
                 await asyncio.to_thread(
                     cluster.wait_for,
                     lambda: any(n.role() == "primary" and n is not old for n in cluster.nodes),
-                    120, "a new primary",
-                )  # fmt: skip
+                    120,
+                    "a new primary",
+                )
                 await wait_until(
                     lambda: load.result.first_success_after(disrupted_at) is not None,
-                    timeout=120, what="a success after the failover",
-                )  # fmt: skip
+                    timeout=120,
+                    what="a success after the failover",
+                )
                 settled = len(load.result.answers)
-                await wait_until(lambda: len(load.result.answers) >= settled + 40, timeout=120,
-                                 what="load after the failover")  # fmt: skip
+                await wait_until(
+                    lambda: len(load.result.answers) >= settled + 40,
+                    timeout=120,
+                    what="load after the failover",
+                )
                 result = await asyncio.to_thread(load.stop)
-                await wait_until(lambda: _all_succeeded(queue, ids), timeout=120,
-                                 what="every job to succeed")  # fmt: skip
+                await wait_until(
+                    lambda: _all_succeeded(queue, ids), timeout=120, what="every job to succeed"
+                )
             # Afterwards every key replays what its client got, through either gateway (with
             # the entity's current fence: a fence is checked before the key).
             differ = []

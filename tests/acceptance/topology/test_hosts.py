@@ -59,12 +59,20 @@ class Hosts:
             f"try: urllib.request.urlopen({url!r}, timeout=2)\n"
             "except Exception: sys.exit(1)\n"
         )
-        return subprocess.run(self.sandbox.command(host, [sys.executable, "-c", code]),
-                              capture_output=True, timeout=30).returncode == 0  # fmt: skip
+        return (
+            subprocess.run(
+                self.sandbox.command(host, [sys.executable, "-c", code]),
+                capture_output=True,
+                timeout=30,
+            ).returncode
+            == 0
+        )
 
     def logs(self) -> str:
-        return "\n".join(f"--- {p.name} ---\n{p.read_text(errors='replace')[-2000:]}"
-                         for p in sorted(self.work.glob("*.log")))  # fmt: skip
+        return "\n".join(
+            f"--- {p.name} ---\n{p.read_text(errors='replace')[-2000:]}"
+            for p in sorted(self.work.glob("*.log"))
+        )
 
     def stop(self) -> None:
         for proc in self.procs:
@@ -88,9 +96,16 @@ def hosts() -> Iterator[Hosts]:
         db.init_primary()
         db.start()
         migrated = sandbox.run(
-            "gw", [sys.executable, "-m", "fencegate.cli", "migrate", "--database-url",
-                   placed.database_url],
-        )  # fmt: skip
+            "gw",
+            [
+                sys.executable,
+                "-m",
+                "fencegate.cli",
+                "migrate",
+                "--database-url",
+                placed.database_url,
+            ],
+        )
         assert "applied" in migrated
         yield placed
     finally:
@@ -112,24 +127,50 @@ def test_a_gateway_host_cut_off_from_postgresql_mid_load(hosts: Hosts) -> None:
     gateway = f"http://127.0.0.1:{GATEWAY_PORT}"
     hosts.start("gw", "-m", "tests.support.upstream", "--port", str(UPSTREAM_PORT))
     hosts.start(
-        "gw", "-m", "fencegate.cli", "serve", "--upstream", upstream, "--host", "127.0.0.1",
-        "--port", str(GATEWAY_PORT), "--database-url", hosts.database_url,
-        "--store-timeout", "1",
-    )  # fmt: skip
-    wait_until_sync(lambda: hosts.answers("gw", gateway + "/healthz"), timeout=60,
-                    what="the gateway on gw")  # fmt: skip
+        "gw",
+        "-m",
+        "fencegate.cli",
+        "serve",
+        "--upstream",
+        upstream,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(GATEWAY_PORT),
+        "--database-url",
+        hosts.database_url,
+        "--store-timeout",
+        "1",
+    )
+    wait_until_sync(
+        lambda: hosts.answers("gw", gateway + "/healthz"), timeout=60, what="the gateway on gw"
+    )
     stop, out, seen = hosts.work / "stop", hosts.work / "out.json", hosts.work / "progress"
     hosts.start(
-        "gw", "-m", "tests.support.netns_load", "--gateway", gateway, "--upstream", upstream,
-        "--stop", str(stop), "--out", str(out), "--progress", str(seen),
-    )  # fmt: skip
+        "gw",
+        "-m",
+        "tests.support.netns_load",
+        "--gateway",
+        gateway,
+        "--upstream",
+        upstream,
+        "--stop",
+        str(stop),
+        "--out",
+        str(out),
+        "--progress",
+        str(seen),
+    )
     wait_until_sync(lambda: progress(seen)["answers"] >= 30, timeout=60, what="load")
     hosts.sandbox.cut("gw")  # the gateway host's link: PostgreSQL is unreachable from it
     wait_until_sync(lambda: progress(seen)["503"] >= 10, timeout=60, what="503s while cut")
     answered_while_cut = progress(seen)["answers"]
     hosts.sandbox.heal("gw")
-    wait_until_sync(lambda: progress(seen)["answers"] >= answered_while_cut + 30, timeout=90,
-                    what="answers after the link came back")  # fmt: skip
+    wait_until_sync(
+        lambda: progress(seen)["answers"] >= answered_while_cut + 30,
+        timeout=90,
+        what="answers after the link came back",
+    )
     stop.touch()
     wait_until_sync(out.exists, timeout=120, what="the load's report")
     report = json.loads(out.read_text())
@@ -150,34 +191,64 @@ def test_the_unpleasant_test_across_hosts(hosts: Hosts) -> None:
     upstream = f"http://127.0.0.1:{UPSTREAM_PORT}"
     hosts.start("gw", "-m", "tests.support.upstream", "--port", str(UPSTREAM_PORT))
     hosts.start(
-        "gw", "-m", "fencegate.cli", "serve", "--upstream", upstream,
-        "--host", hosts.sandbox.addresses["gw"], "--port", str(GATEWAY_PORT),
-        "--database-url", hosts.database_url,
-    )  # fmt: skip
-    wait_until_sync(lambda: hosts.answers("w2", gateway + "/healthz"), timeout=60,
-                    what="the gateway, from w2")  # fmt: skip
+        "gw",
+        "-m",
+        "fencegate.cli",
+        "serve",
+        "--upstream",
+        upstream,
+        "--host",
+        hosts.sandbox.addresses["gw"],
+        "--port",
+        str(GATEWAY_PORT),
+        "--database-url",
+        hosts.database_url,
+    )
+    wait_until_sync(
+        lambda: hosts.answers("w2", gateway + "/healthz"), timeout=60, what="the gateway, from w2"
+    )
     work = hosts.work
     common = ["--db", hosts.database_url, "--gateway", gateway, "--work", str(work)]
-    job_id = int(hosts.sandbox.run("w2", [sys.executable, "-m", "tests.support.netns_worker",
-                                          "enqueue", "--invoice", "inv-1", *common]))  # fmt: skip
+    job_id = int(
+        hosts.sandbox.run(
+            "w2",
+            [
+                sys.executable,
+                "-m",
+                "tests.support.netns_worker",
+                "enqueue",
+                "--invoice",
+                "inv-1",
+                *common,
+            ],
+        )
+    )
     hosts.start("w1", "-m", "tests.support.netns_worker", "w1", *common)
     w1_events = work / "w1.events"
-    wait_until_sync(lambda: w1_events.exists() and "tool_request_started" in w1_events.read_text(),
-                    timeout=60, what="W1's capture on the wire")  # fmt: skip
+    wait_until_sync(
+        lambda: w1_events.exists() and "tool_request_started" in w1_events.read_text(),
+        timeout=60,
+        what="W1's capture on the wire",
+    )
     hosts.sandbox.cut("w1")  # W1's capture is in flight; W1 reaches nothing any more
-    w2 = hosts.start("w2", "-m", "tests.support.netns_worker", "w2", "--job", str(job_id),
-                     *common)  # fmt: skip
+    w2 = hosts.start("w2", "-m", "tests.support.netns_worker", "w2", "--job", str(job_id), *common)
     assert w2.wait(timeout=120) == 0, hosts.logs()
     hosts.sandbox.heal("w1")
     (work / "healed").touch()
     wait_until_sync((work / "w1.json").exists, timeout=120, what="W1's late attempts")
     w1 = json.loads((work / "w1.json").read_text())
     w2_report = json.loads((work / "w2.json").read_text())
-    count = json.loads(hosts.python("gw", (
-        "import urllib.request\n"
-        f"print(urllib.request.urlopen({upstream!r} + '/_count?key=payment:inv-1:capture:capture')"
-        ".read().decode())"
-    )))["count"]  # fmt: skip
+    count = json.loads(
+        hosts.python(
+            "gw",
+            (
+                "import urllib.request\n"
+                f"print(urllib.request.urlopen({upstream!r}"
+                " + '/_count?key=payment:inv-1:capture:capture')"
+                ".read().decode())"
+            ),
+        )
+    )["count"]
     print(f"across hosts: W1 {w1} W2 {w2_report} upstream executions {count}")
 
     [w2_answer] = w2_report["answers"]

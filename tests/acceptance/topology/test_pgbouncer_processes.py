@@ -38,9 +38,11 @@ async def database(pg_server_url: str) -> AsyncIterator[str]:
 
 def post(url: str, key: str) -> tuple[int, bytes]:
     request = urllib.request.Request(
-        url, data=b'{"amount": 1}', method="POST",
+        url,
+        data=b'{"amount": 1}',
+        method="POST",
         headers={"Idempotency-Key": key, "Content-Type": "application/json"},
-    )  # fmt: skip
+    )
     with urllib.request.urlopen(request, timeout=20) as response:
         return response.status, response.read()
 

@@ -74,10 +74,22 @@ async def database(replicas: PrimaryWithStandby) -> AsyncIterator[str]:
 def serve_refusal(database_url: str, *args: str, env: dict[str, str] | None = None) -> str:
     """Start `fencegate serve` expecting it to refuse: its stderr."""
     done = subprocess.run(
-        [sys.executable, "-m", "fencegate.cli", "serve", "--upstream", "http://127.0.0.1:9",
-         "--database-url", database_url, *args],
-        capture_output=True, text=True, timeout=60, env=child_env(env),
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "fencegate.cli",
+            "serve",
+            "--upstream",
+            "http://127.0.0.1:9",
+            "--database-url",
+            database_url,
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=child_env(env),
+    )
     assert done.returncode == 2, done.stdout + done.stderr
     return done.stderr
 
@@ -119,10 +131,14 @@ async def test_a_synchronous_standby_is_silent_and_accepted(
     replicas: PrimaryWithStandby, database: str
 ) -> None:
     await set_synchronous(replicas.primary.url, True)
-    with UpstreamProcess() as upstream, GatewayProcess(
-        upstream=upstream.url, database_url=database,
-        extra_args=["--require-synchronous-replication"],
-    ) as gateway:  # fmt: skip
+    with (
+        UpstreamProcess() as upstream,
+        GatewayProcess(
+            upstream=upstream.url,
+            database_url=database,
+            extra_args=["--require-synchronous-replication"],
+        ) as gateway,
+    ):
         log = gateway.log_text()
     assert RISK not in log
     queue = await LeaseQueue.connect(database, timeout=10, require_synchronous_replication=True)

@@ -70,7 +70,8 @@ async def test_a_failed_job_records_why_without_its_payload(
     assert shown is not None
     error = shown["error"]
     assert (error["code"], error["summary"]) == (
-        "PermanentError", "charge for <email> on card <number> declined",
-    )  # fmt: skip
+        "PermanentError",
+        "charge for <email> on card <number> declined",
+    )
     text = orjson.dumps(shown).decode()
     assert "4242" not in text and "jane" not in text

@@ -297,9 +297,13 @@ async def test_a_bug_in_the_renewal_is_not_reported_as_ownership_unknown(
         return "never"
 
     job_id = await queue.enqueue(
-        "long", {}, idempotency_key="long:bug", lease_seconds=30, heartbeat_seconds=0.3,
+        "long",
+        {},
+        idempotency_key="long:bug",
+        lease_seconds=30,
+        heartbeat_seconds=0.3,
         jitter_seconds=1,
-    )  # fmt: skip
+    )
     worker = make_worker(store_url, {"long": long_call})
     events = worker.events
     async with running(worker):
