@@ -136,6 +136,10 @@ class Operator:
             if done.returncode == 0:
                 self.tally.resolutions[outcome] += 1
                 return outcome
+            if f"no key {key!r}" in done.stderr:
+                # Released meanwhile (by its gateway): the next request runs again.
+                self.tally.resolutions["found nothing"] += 1
+                return "gone"
             last = done.stderr.strip()
             self.tally.refusals[refusal_reason(last)] += 1
             await asyncio.sleep(0.3)
@@ -191,10 +195,11 @@ async def until_answered(
     on_unknown: Callable[[str], Awaitable[object]],
     ran: Callable[[str], Awaitable[int]],
     timeout: float,
+    max_wait: float = MAX_RETRY_WAIT,
 ) -> httpx.Response:
     """Send the keyed request until it is answered 200: waiting on 409 and 503 (what they
-    ask), and on 424 calling ``on_unknown`` (the operator). A 424 for a key the upstream
-    never ran is noted in ``tally.false_unknown``."""
+    ask, up to ``max_wait`` seconds), and on 424 calling ``on_unknown`` (the operator). A
+    424 for a key the upstream never ran is noted in ``tally.false_unknown``."""
     deadline = time.monotonic() + timeout
     while True:
         response = await send_keyed(client, base, key)
@@ -210,7 +215,7 @@ async def until_answered(
             continue
         assert response.status_code in (409, 503), (response.status_code, response.text)
         wait = float(response.headers.get("retry-after", "1"))
-        await asyncio.sleep(min(wait, MAX_RETRY_WAIT))
+        await asyncio.sleep(min(wait, max_wait))
 
 
 # ------------------------------------------------------------------------ the store's view
