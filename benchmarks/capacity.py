@@ -1,4 +1,5 @@
-"""What one decision and one job cost PostgreSQL: the figures of the README's capacity model.
+"""What one decision and one job cost PostgreSQL: the figures of the capacity model
+(docs/operations/capacity.md).
 
 Runs on a private PostgreSQL (initdb on a free loopback port, as the topology tests do), so
 that the WAL and the counters it reads are fencegate's alone. For the gateway store (keyed,

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 # CommandError lives below every part (the subcommands raise it, and the store check this
 # file runs before them too); importable from here as it always was.
+from fencegate import __version__
 from fencegate.errors import CommandError
 
 __all__ = ["SUBCOMMANDS", "CommandError", "build_parser", "main"]
@@ -50,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="fencegate",
         description="Idempotency keys and fencing tokens in front of any HTTP API.",
     )
+    parser.add_argument("--version", action="version", version=f"fencegate {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name, (module_name, help_text) in SUBCOMMANDS.items():

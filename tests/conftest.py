@@ -3,6 +3,7 @@ test, and a lease queue on it. Each test is also marked with its tier (its direc
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from fencegate.lease import LeaseQueue
 from fencegate.store import GatewayStore, open_gateway_store
 from fencegate.store.migrations import migrate
 from tests.support import postgres
+from tests.support.pre_1_0 import build_pre_1_0
 
 # The run must leave the working tree as it found it (tracked files, untracked files).
 pytest_plugins = ["tests.support.clean_tree"]
@@ -22,10 +24,17 @@ def pg_server_url() -> str:
     return postgres.server_url()
 
 
+# Set (to "pre-1.0") by tests/integration/test_upgrade.py: every store a test gets was first
+# built by the migrations of the releases before 1.0, then upgraded by this one.
+UPGRADE_FROM = os.environ.get("FENCEGATE_TEST_UPGRADE_FROM")
+
+
 @pytest.fixture
 async def pg_url(pg_server_url: str) -> AsyncIterator[str]:
     """A new, migrated PostgreSQL database for one test."""
     url = await postgres.create_database(pg_server_url)
+    if UPGRADE_FROM:
+        await build_pre_1_0(url, "postgresql")
     await migrate(url)
     try:
         yield url
@@ -47,6 +56,8 @@ async def empty_pg_url(pg_server_url: str) -> AsyncIterator[str]:
 async def sqlite_url(tmp_path: Path) -> str:
     """A new, migrated SQLite file for one test."""
     url = f"sqlite:///{tmp_path / 'fencegate.db'}"
+    if UPGRADE_FROM:
+        await build_pre_1_0(url, "sqlite")
     await migrate(url)
     return url
 

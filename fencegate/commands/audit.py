@@ -44,8 +44,10 @@ async def _list(args: argparse.Namespace) -> list[Row]:
 def _change(row: Row) -> str:
     """``state outcome_unknown -> completed``: what the action changed, in one cell."""
     before, after = row["before"] or {}, row["after"] or {}
+    # A released key has no state after: say what happened rather than print Python's None.
+    gone = "released" if str(row.get("action", "")).endswith("released") else "-"
     changed = [
-        f"{name} {before.get(name)} -> {after.get(name)}"
+        f"{name} {before.get(name) or '-'} -> {after.get(name) or gone}"
         for name in ("state",)
         if before.get(name) != after.get(name)
     ]

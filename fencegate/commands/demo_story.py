@@ -379,7 +379,8 @@ async def _w1_wakes_up(
     w1_queue = w1.worker.queue
     assert w1_queue is not None
     renewed = w1.call(lambda: w1_queue.extend(lease, timeout=5), timeout=10)
-    story.note("W1", f"{'extend':<20} token={lease.fencing_token} -> {renewed}")
+    outcome = "lost (no longer the owner)" if renewed is None else "renewed"
+    story.note("W1", f"{'extend':<20} token={lease.fencing_token} -> {outcome}")
     committed = w1.call(
         lambda: w1_queue.complete(lease, {"capture_id": "cap_0001"}, timeout=5), timeout=10
     )

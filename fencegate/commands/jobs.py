@@ -45,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="action", metavar="ACTION")
     actions.required = True
     listing = actions.add_parser("list", help="jobs, newest first, a page at a time")
-    add_common(listing, tenant_default=None)
+    add_common(listing, tenant_default=None, tenant=False)
     listing.add_argument("--state", choices=JOB_STATES)
     listing.add_argument("--kind", help="the work class")
     listing.add_argument("--cursor", help="the cursor a previous page printed")
@@ -57,14 +57,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ):
         action = actions.add_parser(name, help=text)
         action.add_argument("job_id", type=int)
-        add_common(action, tenant_default=None)
+        add_common(action, tenant_default=None, tenant=False)
         if name != "show":
             add_actor(action)
     purge = actions.add_parser("purge", help="delete finished jobs not updated for a while")
     purge.add_argument(
         "--older-than", required=True, help="e.g. 7d, 12h, 30m, 90s: finished and idle that long"
     )
-    add_common(purge, tenant_default=None)
+    add_common(purge, tenant_default=None, tenant=False)
     add_actor(purge)
 
 
@@ -107,8 +107,6 @@ async def _act(args: argparse.Namespace, inspector: Inspector, actor: str) -> Ro
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.tenant:
-        raise CommandError("jobs carry no tenant: drop --tenant (or FENCEGATE_TENANT)")
     if args.action == "list" and args.limit < 1:
         raise CommandError("--limit must be at least 1")
     result = run_on_store(_with_inspector(args))

@@ -24,15 +24,18 @@ _TIMES = frozenset(
 )  # fmt: skip
 
 
-def add_common(parser: argparse.ArgumentParser, *, tenant_default: str | None) -> None:
+def add_common(
+    parser: argparse.ArgumentParser, *, tenant_default: str | None, tenant: bool = True
+) -> None:
     """``--database-url``, ``--tenant``, ``--json`` and ``--timeout``, as every operator
-    command takes them."""
+    command takes them (``--tenant`` only where the records have one: jobs do not)."""
     add_database_url(parser)
-    default = os.environ.get("FENCEGATE_TENANT", tenant_default)
-    scope = f"default {default!r}" if default else "default: every tenant"
-    parser.add_argument(
-        "--tenant", default=default, help=f"the tenant ({scope}; env FENCEGATE_TENANT)"
-    )
+    if tenant:
+        default = os.environ.get("FENCEGATE_TENANT", tenant_default)
+        scope = f"default {default!r}" if default else "default: every tenant"
+        parser.add_argument(
+            "--tenant", default=default, help=f"the tenant ({scope}; env FENCEGATE_TENANT)"
+        )
     parser.add_argument("--json", action="store_true", help="one JSON document, not a table")
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds for the store")
 

@@ -10,20 +10,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import logging
 import os
 import shutil
+import socket
 import tempfile
-from typing import Any, Literal
+from typing import Any
 
 import orjson
 
 from fencegate.errors import CommandError
 from fencegate.gateway.config import ConfigError, GatewayConfig, load_config
 from fencegate.gateway.metrics import MULTIPROC_ENV
+from fencegate.store.dburl import StoreKind
 from fencegate.types import Authenticator
-
-StoreKind = Literal["postgresql", "sqlite"]
 
 OVERRIDES_ENV = "FENCEGATE_SERVE_OVERRIDES"
 
@@ -48,6 +49,19 @@ _OPTIONS: list[tuple[str, str, type, str]] = [
         float,
         "on SIGTERM, how long to keep recording answers the store has not taken (10)",
     ),
+    (
+        "--release-margin",
+        "release_margin",
+        float,
+        "seconds a request may still be on its way after its lease ended; keys are released "
+        "only after it (30)",
+    ),
+    (
+        "--reconcile-interval",
+        "reconcile_interval",
+        float,
+        "seconds between the reconciler's looks for keys to settle, 0 for none (1)",
+    ),
     ("--log-level", "log_level", str, "critical, error, warning, info, debug (info)"),
     ("--log-format", "log_format", str, "text, or json: one object per line on stderr (text)"),
     ("--workers", "workers", int, "worker processes (1)"),
@@ -56,6 +70,12 @@ _OPTIONS: list[tuple[str, str, type, str]] = [
         "header_timeout",
         float,
         "seconds for a client to send a whole request head, else closed (10)",
+    ),
+    (
+        "--body-timeout",
+        "body_timeout",
+        float,
+        "seconds a request body may go without a byte, else 408 and closed (10)",
     ),
     (
         "--idle-timeout",
@@ -155,6 +175,7 @@ def apply_connection_limits(config: GatewayConfig) -> int:
         connections.ConnectionLimits(
             header_timeout=settings.header_timeout,
             idle_timeout=settings.idle_timeout,
+            body_timeout=settings.body_timeout,
             max_connections=most,
         )
     )
@@ -223,6 +244,27 @@ def check_store(config: GatewayConfig) -> StoreKind:
         ) from exc
 
 
+def check_address(host: str, port: int) -> None:
+    """Refuse to start, in one line, when the address cannot be listened on (a port another
+    process holds): uvicorn would first run the application's start-up, say "Application
+    startup complete", and only then fail to bind. Bound the way uvicorn binds it
+    (SO_REUSEADDR), then let go for uvicorn to take."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            held = (
+                " (another process is listening there; stop it or give --port)"
+                if (exc.errno == errno.EADDRINUSE)
+                else ""
+            )
+            raise CommandError(
+                f"cannot listen on {host}:{port}: {exc.strerror or exc}{held}"
+            ) from None
+
+
 def announce(
     config: GatewayConfig, *, signatures: bool, store_kind: StoreKind, max_connections: int
 ) -> None:
@@ -244,6 +286,7 @@ def announce(
             "on_unknown": p.on_unknown,
             "timeout": p.timeout,
             "error_format": p.error_format,
+            "reconcile": p.reconcile.describe() if p.reconcile is not None else None,
         }
         for p in policies
     ]
@@ -257,11 +300,13 @@ def announce(
         "listen": f"{settings.host}:{settings.port}",
         "max_connections": max_connections,
         "header_timeout": settings.header_timeout,
+        "body_timeout": settings.body_timeout,
         "idle_timeout": settings.idle_timeout,
     }
     described = "; ".join(
         f"{r['prefix']} methods={','.join(r['methods'])} on_unknown={r['on_unknown']} "
         f"timeout={r['timeout']:g}s error_format={r['error_format']}"
+        + (f" reconcile={r['reconcile']!r}" if r["reconcile"] else "")
         for r in routes
     )
     logging.getLogger("fencegate.gateway").info(
@@ -281,6 +326,7 @@ def run(args: argparse.Namespace) -> int:
     config = build_config(overrides)
     settings = config.settings
     configure_logging(config)
+    check_address(settings.host, settings.port)
     # The store first: a bad --database-url is the only line printed, not after the keys'.
     store_kind = check_store(config)
     authenticator = check_authenticator(config)

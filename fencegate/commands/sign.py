@@ -48,8 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--alg",
         choices=ALGORITHMS,
-        default=os.environ.get(ENV_PREFIX + "ALG", "hmac-sha256"),
-        help="env FENCEGATE_SIGNING_ALG (default hmac-sha256)",
+        default=os.environ.get(ENV_PREFIX + "ALG"),
+        help="env FENCEGATE_SIGNING_ALG (default: what the key file holds: a PEM private key "
+        "is ed25519, anything else hmac-sha256)",
     )
     parser.add_argument(
         "--secret-file",
@@ -116,12 +117,29 @@ def _signer(args: argparse.Namespace) -> HttpSigner:
         material = Path(path).read_bytes() if path is not None else str(inline).encode()
     except OSError as exc:
         raise CommandError(f"cannot read the key file {path}: {exc.strerror}") from None
+    alg = algorithm_of(material, asked=args.alg)
     try:
         return HttpSigner.from_material(
-            key_id=args.key_id, alg=args.alg, material=material, digest=args.digest
+            key_id=args.key_id, alg=alg, material=material, digest=args.digest
         )
     except (ValueError, KeyConfigError) as exc:
-        raise CommandError(f"the {args.alg} key {exc}") from None
+        raise CommandError(f"the {alg} key {exc}") from None
+
+
+def algorithm_of(material: bytes, *, asked: str | None) -> str:
+    """The algorithm the key file says it is for (a PEM private key is Ed25519, as
+    ``--new-key ed25519`` writes it); a contradicting ``--alg`` is refused rather than
+    signing with the PEM text as an HMAC secret."""
+    pem = b"-----BEGIN" in material and b"PRIVATE KEY-----" in material
+    held = "ed25519" if pem else None
+    if asked is None:
+        return held or "hmac-sha256"
+    if held is not None and asked != held:
+        raise CommandError(
+            f"the key file holds an {held} private key (PEM), not an {asked} secret: "
+            f"give --alg {held}, or leave --alg out"
+        )
+    return asked
 
 
 def _headers(args: argparse.Namespace) -> dict[str, str]:

@@ -32,6 +32,16 @@ from fencegate.errors import FencegateError
 
 ROLES = ("viewer", "operator")
 TOKENS_ENV = "FENCEGATE_CONSOLE_TOKENS"
+# The fields of a [[tokens]] entry, and what each means (the documentation prints this).
+TOKEN_FIELDS: dict[str, str] = {
+    "name": "who, in the audit log (as console:<name>); unique",
+    "token": "the token itself, at least 16 characters (keep the file readable only by the "
+    "console); or:",
+    "token_sha256": "the SHA-256 of the token, 64 hex digits",
+    "role": "viewer: read only; operator: may also resolve keys, retry and cancel jobs",
+    "tenant": "optional: the token sees only this tenant's keys, fences, decisions and traces, "
+    "and no job pages (jobs carry no tenant)",
+}
 
 
 class TokenConfigError(FencegateError, ValueError):
@@ -81,7 +91,7 @@ def _token(entry: Any, *, source: str, index: int) -> ConsoleToken:
     where = f"{source}: token #{index}"
     if not isinstance(entry, dict):
         raise TokenConfigError(f"{where} is not a table")
-    unknown = set(entry) - {"name", "token", "token_sha256", "role", "tenant"}
+    unknown = set(entry) - set(TOKEN_FIELDS)
     if unknown:
         raise TokenConfigError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
     name, role, tenant = entry.get("name"), entry.get("role"), entry.get("tenant")

@@ -111,6 +111,10 @@ def base_path(request: Request) -> str:
     return str(request.scope.get("root_path", "")).rstrip("/")
 
 
+# The query parameter that carries a console token on a page (RFC 6750 §2.3).
+ACCESS_TOKEN = "access_token"
+
+
 def session_of(request: Request) -> Session | None:
     value = request.cookies.get(COOKIE)
     return console_of(request).signer.loads(value) if value else None
@@ -126,6 +130,16 @@ def identify(request: Request) -> Viewer | None:
         if token is None:
             raise Problem(
                 401, "not-signed-in", "Not signed in", "that bearer token is not a console token"
+            )
+        return Viewer(token, None)
+    presented_in_query = request.query_params.get(ACCESS_TOKEN)
+    if presented_in_query is not None and request.method in ("GET", "HEAD"):
+        # RFC 6750 §2.3, for scripts that cannot send a header (a headless browser's
+        # --screenshot URL): pages only, never an action (a POST needs the header or a form).
+        token = console.tokens.match(presented_in_query.strip())
+        if token is None:
+            raise Problem(
+                401, "not-signed-in", "Not signed in", f"that {ACCESS_TOKEN} is not a console token"
             )
         return Viewer(token, None)
     session = session_of(request)

@@ -17,6 +17,7 @@ from fencegate.gateway.health import StoreHealth
 from fencegate.gateway.metrics import GatewayMetrics
 from fencegate.gateway.pipeline import Pipeline
 from fencegate.gateway.proxy import ReverseProxy
+from fencegate.gateway.reconciler import Reconciler, reconciling
 from fencegate.gateway.routes import RouteTable
 from fencegate.gateway.upstream import HttpUpstream
 from fencegate.store import GatewayStore, StoreUnavailable, open_gateway_store
@@ -66,6 +67,7 @@ class GatewayApplication:
         self.proxy: ReverseProxy | None = None
         self._client: HttpUpstream | None = None
         self._purger: asyncio.Task[None] | None = None
+        self.reconciler: Reconciler | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -102,6 +104,7 @@ class GatewayApplication:
             store_timeout=settings.store_timeout,
             metrics=self.metrics,
             store_argument=operator_store_argument(settings.database_url),
+            release_margin=settings.release_margin,
         )
         routes = RouteTable(self.config.policies(), default=self.config.default_policy())
         self._client = HttpUpstream()
@@ -121,8 +124,23 @@ class GatewayApplication:
         )
         if settings.purge_interval_seconds > 0:
             self._purger = asyncio.create_task(self._purge_forever())
+        if settings.reconcile_interval > 0 and reconciling(routes):
+            self.reconciler = Reconciler(
+                self.store,
+                routes=routes,
+                upstream=self._client,
+                instance=engine.owner,
+                release_margin=settings.release_margin,
+                interval=settings.reconcile_interval,
+                store_timeout=settings.store_timeout,
+                metrics=self.metrics,
+                internal_errors=engine.internal_errors,
+            )
+            self.reconciler.start()
 
     async def shutdown(self) -> None:
+        if self.reconciler is not None:
+            await self.reconciler.close()
         if self._purger is not None:
             self._purger.cancel()
             with contextlib.suppress(asyncio.CancelledError):

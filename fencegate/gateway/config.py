@@ -7,7 +7,9 @@ defaults. A bad value is refused at start with the field and the reason.
 
 from __future__ import annotations
 
+import difflib
 import tomllib
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -41,9 +43,18 @@ class GatewaySettings(BaseSettings):
     max_body_bytes: int = Field(default=10 * 1024 * 1024, gt=0)
     upstream_timeout: float = Field(default=30.0, gt=0)
     store_timeout: float = Field(default=2.0, gt=0)
-    store_pool_size: int = Field(default=20, gt=0)
+    store_pool_size: int = Field(
+        default=20, gt=0, description="the most connections each gateway process keeps to the store"
+    )
     # Refuse a PostgreSQL whose standbys all replicate asynchronously (else: one warning).
     require_synchronous_replication: bool = False
+    # The longest a request may still be on its way to the upstream after its gateway
+    # stopped being allowed to send it: a key is released (by the reconciler, an operator)
+    # only this long after its lease ended or its outcome became unknown.
+    release_margin: float = Field(default=30.0, ge=0)
+    # How often the reconciler looks for keys of reconciling routes to settle (seconds,
+    # with jitter); 0: no reconciler in this process.
+    reconcile_interval: float = Field(default=1.0, ge=0)
     # On SIGTERM, how long to keep trying to record answers the store has not taken yet.
     shutdown_grace_seconds: float = Field(default=10.0, ge=0)
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
@@ -51,10 +62,12 @@ class GatewaySettings(BaseSettings):
     log_format: Literal["text", "json"] = "text"
     workers: int = Field(default=1, ge=1)
     # Connections (`fencegate serve` only): a request head must arrive within header_timeout
-    # seconds, a kept-alive connection may stay idle idle_timeout seconds between requests,
-    # and each worker process keeps at most max_connections open (fewer if its open-files
-    # limit cannot hold them).
+    # seconds, a request body may go body_timeout seconds without a byte, a kept-alive
+    # connection may stay idle idle_timeout seconds between requests, and each worker
+    # process keeps at most max_connections open (fewer if its open-files limit cannot hold
+    # them).
     header_timeout: float = Field(default=10.0, gt=0, le=3600)
+    body_timeout: float = Field(default=10.0, gt=0, le=3600)
     idle_timeout: float = Field(default=5.0, gt=0, le=3600)
     max_connections: int = Field(default=10_000, gt=0)
 
@@ -123,8 +136,9 @@ class _ConfigFile(BaseModel):
     keys: dict[str, Any] | list[Any] | None = None  # `[keys]` or `[[keys]]`: for the signatures
 
 
-def describe(exc: ValidationError, *, prefix: str = "") -> str:
-    """``routes[0].on_unknown: Input should be 'retry' or 'reject'``, one per error."""
+def describe(exc: ValidationError, *, prefix: str = "", known: Iterable[str] = ()) -> str:
+    """``routes[0].on_unknown: Input should be 'retry' or 'reject'``, one per error; a name
+    that is not a field gets the closest of ``known`` as a suggestion."""
     parts = []
     for error in exc.errors():
         where = prefix
@@ -135,10 +149,25 @@ def describe(exc: ValidationError, *, prefix: str = "") -> str:
                 where += f".{loc}" if where else str(loc)
         where = where.replace(".key_methods", ".methods")  # the config file's name for it
         message = error["msg"].removeprefix("Value error, ")
-        if error["type"] == "unexpected_keyword_argument":
-            message = "Extra inputs are not permitted"  # as for the other tables
+        if error["type"] in ("unexpected_keyword_argument", "extra_forbidden"):
+            name = str(error["loc"][-1]) if error["loc"] else ""
+            message = unknown_name(name, known)
         parts.append(f"{where or 'config'}: {message}")
     return "; ".join(parts)
+
+
+def unknown_name(name: str, known: Iterable[str]) -> str:
+    """ "Extra inputs are not permitted", and the closest real name when one is close (a typo
+    such as ``on_unknwon``)."""
+    close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"Extra inputs are not permitted{hint}"
+
+
+# The names each table of the config file takes (the file says ``methods`` for key_methods).
+def _route_names() -> list[str]:
+    fields = RoutePolicy.__pydantic_fields__  # type: ignore[attr-defined]
+    return ["methods" if name == "key_methods" else name for name in fields]
 
 
 def load_config(overrides: dict[str, Any] | None = None) -> GatewayConfig:
@@ -162,12 +191,14 @@ def load_config(overrides: dict[str, Any] | None = None) -> GatewayConfig:
     try:
         file = _ConfigFile.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError(f"{path}: {describe(exc)}") from exc
+        raise ConfigError(f"{path}: {describe(exc, known=_ConfigFile.model_fields)}") from exc
 
     explicit = {name: getattr(settings, name) for name in settings.model_fields_set}
     unknown = set(file.gateway) - set(GatewaySettings.model_fields)
     if unknown:
-        raise ConfigError(f"{path}: gateway.{sorted(unknown)[0]}: Extra inputs are not permitted")
+        name = sorted(unknown)[0]
+        hint = unknown_name(name, GatewaySettings.model_fields)
+        raise ConfigError(f"{path}: gateway.{name}: {hint}")
     try:
         settings = GatewaySettings(**{**file.gateway, **explicit})
     except ValidationError as exc:
@@ -177,7 +208,10 @@ def load_config(overrides: dict[str, Any] | None = None) -> GatewayConfig:
         try:
             routes.append(route_policy(entry, settings))
         except ValidationError as exc:
-            raise ConfigError(f"{path}: {describe(exc, prefix=f'routes[{index}]')}") from exc
+            where = f"routes[{index}]"
+            raise ConfigError(
+                f"{path}: {describe(exc, prefix=where, known=_route_names())}"
+            ) from exc
     config = GatewayConfig(settings=settings, routes=routes, keys_table=file.keys)
     missing = [r.prefix for r in routes if r.upstream is None and settings.upstream is None]
     if missing:

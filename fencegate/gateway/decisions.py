@@ -126,3 +126,14 @@ def text_fields(fields: dict[str, Any], *, skip: tuple[str, ...] = ()) -> str:
             value = json.dumps(value)
         parts.append(f"{name}={value}")
     return " ".join(parts)
+
+
+def log_reconciliation(fields: dict[str, Any]) -> None:
+    """One INFO record on ``fencegate.decisions`` per key the reconciler settled or tried
+    (``event=reconciliation``): the key, what the probe said, and what became of the key."""
+    if not decision_logger.isEnabledFor(logging.INFO):
+        return
+    fields = {"event": "reconciliation", **fields}
+    decision_logger.info(
+        "reconciliation %s", TextFields(fields, skip=("event",)), extra={"fields": fields}
+    )

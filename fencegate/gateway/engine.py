@@ -36,6 +36,7 @@ from fencegate.gateway.upstream import (
     UpstreamRefused,
     UpstreamResponse,
 )
+from fencegate.internal_errors import InternalErrors
 from fencegate.problems import Problem
 from fencegate.store.base import (
     DecideRequest,
@@ -115,8 +116,12 @@ class Engine:
         self.store_argument = store_argument
         # Whether the store took the latest decision (``/healthz`` reports it).
         self.decisions = DecisionOutcomes()
+        # Faults in fencegate's own code: logged once per kind, counted (a bug, not an outage).
+        self.internal_errors = InternalErrors(
+            logger, count=metrics.internal_error if metrics is not None else None
+        )
         # Writes owed to the store after the upstream acted, kept trying in the background.
-        self.pending = PendingWrites(look_up=self._look_up)
+        self.pending = PendingWrites(look_up=self._look_up, internal=self.internal_errors)
         # Each reservation gets its own holder name (instance/request number): attempts
         # restart at 1 once a key is released, and an answer still owed for an earlier
         # reservation must never complete a later one.
@@ -161,14 +166,14 @@ class Engine:
                 400,
                 "key-required",
                 "Idempotency-Key required",
-                f"{request.method} {policy.prefix} requires an Idempotency-Key header",
+                f"{request.method} {request.path} requires an Idempotency-Key header",
             )
         if fence is None and policy.fence_required:
             raise Problem(
                 428,
                 "fence-required",
                 "Fence required",
-                f"{request.method} {policy.prefix} requires an X-Execution-Fence header",
+                f"{request.method} {request.path} requires an X-Execution-Fence header",
             )
         entity = policy.entity.derive(request.route_path, request.body, entity_header)
         if trace is not None:
@@ -200,6 +205,8 @@ class Engine:
                 request_id=request.request_id,
                 method=request.method,
                 target=request.path,  # never the query: it may carry secrets
+                reconcile=policy.reconcile is not None,
+                request_body=request.body if policy.reconcile is not None else None,
             )
         )
         outcome = decision.outcome
@@ -238,13 +245,20 @@ class Engine:
         started = time.perf_counter()
         try:
             decision = await self.store.decide(request, timeout=self.store_timeout)
-        except Exception as exc:
-            # Whatever failed at the store boundary, nothing was decided: fail closed.
+        except StoreUnavailable as exc:
+            # The store could not decide: fail closed.
             logger.error("store unavailable, refusing the request: %s", describe(exc))
             self.decisions.failed(describe(exc))
-            if request.key is not None and getattr(exc, "reached_store", True):
+            if request.key is not None and exc.reached_store:
                 self._release_abandoned(request, request.key)
             raise store_unavailable() from exc
+        except Exception as exc:
+            # A bug, not an outage: 500, and whatever the decision may have reserved under
+            # this request's owner (it may have committed before the fault) is released.
+            self.internal_errors.report(exc, where="decide", about=f"request {request.request_id}")
+            if request.key is not None:
+                self._release_abandoned(request, request.key)
+            raise internal_error(request.request_id) from exc
         finally:
             self._store_latency("decide", started)
         self.decisions.succeeded()
@@ -373,13 +387,20 @@ class Engine:
             )
             return False
         except Exception as exc:
-            logger.error(
-                "store unavailable, will keep trying to %s key %r (tenant %r): %s",
-                operation,
-                reservation.key,
-                reservation.tenant,
-                describe(exc),
-            )
+            if isinstance(exc, StoreUnavailable):
+                logger.error(
+                    "store unavailable, will keep trying to %s key %r (tenant %r): %s",
+                    operation,
+                    reservation.key,
+                    reservation.tenant,
+                    describe(exc),
+                )
+            else:
+                # A bug: the client still gets the upstream's answer, and the write is
+                # still owed (a fault that depends on the moment may not come back).
+                self.internal_errors.report(
+                    exc, where="record", about=f"request {reservation.request_id}"
+                )
             self.pending.keep_trying(
                 OwedWrite(
                     operation,
@@ -427,9 +448,13 @@ class Engine:
                 renewed = await self.store.renew(
                     reservation, self.lease_seconds, timeout=self.store_timeout
                 )
-            except Exception as exc:
+            except StoreUnavailable as exc:
                 logger.warning(
                     "could not renew the in-flight lease of %r: %s", reservation.key, describe(exc)
+                )
+            except Exception as exc:
+                self.internal_errors.report(
+                    exc, where="renew", about=f"request {reservation.request_id}"
                 )
             else:
                 if not renewed:
@@ -493,9 +518,9 @@ def stale_fence(fence: int | None, last_accepted: int | None, entity: str | None
 
 def in_flight(decision: Decision, upstream_timeout: float, typical: float | None = None) -> Problem:
     """Retry-After is when the first request has probably finished (``typical``: how long
-    this route's requests take, `RouteLatency`), within its upstream deadline, at least a
-    second: never the whole lease, nor the whole timeout, which a client would wait out for
-    nothing."""
+    this route's requests take, `RouteLatency`) or, once it has outlived that, longer the
+    longer it has overrun it; within its upstream deadline, at least a second: never the
+    whole lease, nor the whole timeout, which a client would wait out for nothing."""
     seconds = retry_after_seconds(
         age=decision.reserved_age or 0.0, timeout=upstream_timeout, typical=typical
     )
@@ -567,6 +592,24 @@ def outcome_pending() -> Problem:
         "that forwarded it (its answer or its release is being recorded); retry shortly",
         headers={"Retry-After": "1"},
         retry_after=1,
+    )
+
+
+def internal_error(request_id: str, *, forwarded: bool = False) -> Problem:
+    """A fault in fencegate's own code. The body names nothing of it (the log does, under
+    the request id)."""
+    happened = (
+        "after the request was forwarded to the upstream"
+        if forwarded
+        else "before anything was forwarded to the upstream"
+    )
+    return Problem(
+        500,
+        "internal-error",
+        "Internal error",
+        f"the gateway failed on this request {happened}; the error is logged under request "
+        f"id {request_id}",
+        request_id=request_id,
     )
 
 

@@ -3,15 +3,25 @@
 from __future__ import annotations
 
 import hashlib
+from urllib.parse import unquote_plus
+
+
+def _name(parameter: str) -> str:
+    # As a form parser reads the name: `%61` and `a` may be one name to the upstream, so
+    # their values keep their order between them. The "=" keeps different plain names in
+    # the order a sort of whole parameters gave them (fingerprints stored before stay valid).
+    return unquote_plus(parameter.partition("=")[0]) + "="
 
 
 def sorted_query(query_string: str) -> str:
-    """The query's parameters as sent, in a canonical order, so ``?a=1&b=2`` and
-    ``?b=2&a=1`` are one request. Nothing is decoded: ``?x=%2F`` and ``?x=/`` are two
-    requests, as the upstream may read them differently."""
-    if not query_string:
-        return ""
-    return "&".join(sorted(query_string.split("&")))
+    """The query's parameters as sent, sorted by name, so ``?a=1&b=2`` and ``?b=2&a=1`` are
+    one request; the values of a repeated name keep the order they were sent in, since the
+    upstream reads ``?a=1&a=2`` and ``?a=2&a=1`` as different lists. Nothing in the result
+    is decoded: ``?x=%2F`` and ``?x=/`` are two requests, as the upstream may read them
+    differently."""
+    if "&" not in query_string:
+        return query_string
+    return "&".join(sorted(query_string.split("&"), key=_name))  # a stable sort
 
 
 def request_fingerprint(method: str, path: str, query_string: str, body: bytes) -> str:

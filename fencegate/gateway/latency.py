@@ -7,6 +7,12 @@ smoothed latency and its mean deviation as TCP keeps round-trip times (RFC 6298:
 and 1/4), in memory, per gateway process; one observation costs a dict lookup and a few
 float operations. The hint is the smoothed latency plus twice the deviation, minus the
 request's age, bounded by what is left of its deadline and never under one second.
+
+A request that has outlived that estimate is slower than the route's usual (one slow outlier
+on a fast route): "ask again in a second" would then be repeated on every poll, and a client
+that honours Retry-After with a bounded number of retries gives up before the answer. Past
+the estimate the hint is how long the request has overrun it, so the polls double their
+spacing from the estimate on (1, 2, 4, 8 s ...), still bounded by the deadline.
 """
 
 from __future__ import annotations
@@ -41,7 +47,13 @@ class RouteLatency:
 
 def retry_after_seconds(*, age: float, timeout: float, typical: float | None) -> int:
     """When to ask again about a request in flight for ``age`` seconds: when such requests
-    are usually done, but never later than its deadline, and at least one second."""
+    are usually done or, once it has outlived that, after as long again as it has overrun
+    it; never later than its deadline, and at least one second."""
     left = timeout - age
-    expected = left if typical is None else min(typical - age, left)
+    if typical is None:
+        expected = left
+    elif age < typical:
+        expected = min(typical - age, left)
+    else:
+        expected = min(age - typical, left)
     return max(1, math.ceil(expected))

@@ -47,6 +47,23 @@ class GatewayMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )
+        self.reconciliations = Counter(
+            "fencegate_reconciliations",
+            "Keys whose unknown outcome the reconciler asked the upstream about, by route "
+            "prefix and result: completed (it ran; its answer is stored), released (it never "
+            "ran), unknown (no answer either way; tried again later), changed (the key changed "
+            "meanwhile and was left alone).",
+            ["route", "result"],
+            registry=self.registry,
+        )
+        self.internal_errors = Counter(
+            "fencegate_internal_errors",
+            "Faults in fencegate's own code (bugs, answered 500 internal-error; never a store "
+            "outage), by where they were caught: decide, record, renew, owed_write, "
+            "authenticate, request, reconcile.",
+            ["where"],
+            registry=self.registry,
+        )
         # Label children are cached: looking one up per request is most of the cost.
         self._decisions: dict[tuple[str, str], Counter] = {}
         self._operations: dict[str, Histogram] = {}
@@ -60,6 +77,12 @@ class GatewayMetrics:
                 decision=decision, problem=problem
             )
         child.inc()
+
+    def reconciled(self, route: str, result: str) -> None:
+        self.reconciliations.labels(route=route, result=result).inc()
+
+    def internal_error(self, where: str) -> None:
+        self.internal_errors.labels(where=where).inc()
 
     def store_latency(self, operation: str) -> Histogram:
         child = self._operations.get(operation)

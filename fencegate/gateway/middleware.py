@@ -30,10 +30,12 @@ from fencegate.gateway.pipeline import (
     start_trace,
     unroutable_policy,
 )
+from fencegate.gateway.reconciler import DEFAULT_INTERVAL, Reconciler, reconciling
 from fencegate.gateway.routes import RoutePolicy, RouteTable
 from fencegate.gateway.upstream import AppUpstream
 from fencegate.problems import Problem
 from fencegate.store import GatewayStore, open_gateway_store
+from fencegate.store.release_rule import DEFAULT_RELEASE_MARGIN
 from fencegate.store.replication import ReplicationNotSynchronous
 from fencegate.store.schema import SchemaMismatch, operator_store_argument, require_schema
 from fencegate.types import ASGIApp, Authenticator, Message, Receive, Scope, Send
@@ -56,13 +58,18 @@ class FencegateMiddleware:
         metrics: GatewayMetrics | None = None,
         decision_history: bool = True,
         require_synchronous_replication: bool = False,
+        release_margin: float = DEFAULT_RELEASE_MARGIN,
+        reconcile_interval: float = DEFAULT_INTERVAL,
     ) -> None:
         """``store`` is used as given (the caller closes it); otherwise the store named by
         ``database_url`` (default SQLite ``./fencegate.db``) is opened on first use and
         closed at lifespan shutdown. ``decision_history`` keeps one history row per
         decision in the store this opens (a given store keeps its own setting);
         ``require_synchronous_replication`` makes that store refuse a PostgreSQL whose
-        standbys all replicate asynchronously (otherwise one warning line)."""
+        standbys all replicate asynchronously (otherwise one warning line). With a route that
+        declares ``reconcile``, a reconciler settles its unknown outcomes every
+        ``reconcile_interval`` seconds (0: none) once ``release_margin`` seconds have passed
+        since each one's lease ended (see `fencegate.gateway.reconciler`)."""
         self.app = app
         self._database_url = database_url
         self._owns_store = store is None
@@ -73,6 +80,9 @@ class FencegateMiddleware:
         self._store_timeout = store_timeout
         self._history = decision_history
         self._require_sync = require_synchronous_replication
+        self._release_margin = release_margin
+        self._reconcile_interval = reconcile_interval
+        self.reconciler: Reconciler | None = None
         self.metrics = metrics or GatewayMetrics()
         self._pipeline: Pipeline | None = None
         self._opening = asyncio.Lock()
@@ -154,16 +164,35 @@ class FencegateMiddleware:
                     store_argument=operator_store_argument(self._database_url)
                     if self._owns_store or self._database_url
                     else "",
+                    release_margin=self._release_margin,
                 )
+                upstream = AppUpstream(self.app)
                 self._pipeline = Pipeline(
                     engine=engine,
                     routes=self._routes,
-                    upstream=AppUpstream(self.app),
+                    upstream=upstream,
                     authenticator=self._authenticator,
                 )
+                if self._reconcile_interval > 0 and reconciling(self._routes):
+                    # Probes go to the wrapped app itself, past this middleware.
+                    self.reconciler = Reconciler(
+                        self._store,
+                        routes=self._routes,
+                        upstream=upstream,
+                        instance=engine.owner,
+                        release_margin=self._release_margin,
+                        interval=self._reconcile_interval,
+                        store_timeout=self._store_timeout,
+                        metrics=self.metrics,
+                        internal_errors=engine.internal_errors,
+                    )
+                    self.reconciler.start()
             return self._pipeline
 
     async def close(self, *, grace: float = 10.0) -> None:
+        if self.reconciler is not None:
+            await self.reconciler.close()
+            self.reconciler = None
         if self._pipeline is not None:
             # Answers the store has not taken yet: keep trying within the grace period.
             await self._pipeline.engine.close(grace=grace)
@@ -196,5 +225,5 @@ class FencegateMiddleware:
         await self.app(scope, wrapped_receive, wrapped_send)
 
 
-# The name as it was first spelled, kept for existing imports.
+# The spelling of the design contract (DESIGN §4): `from fencegate import FenceGateMiddleware`.
 FenceGateMiddleware = FencegateMiddleware

@@ -13,6 +13,7 @@ import logging
 import time
 
 from fencegate import tracing
+from fencegate.errors import StoreUnavailable
 from fencegate.gateway import spans
 from fencegate.gateway.asgi import (
     ClientDisconnected,
@@ -22,7 +23,13 @@ from fencegate.gateway.asgi import (
     send_response,
 )
 from fencegate.gateway.decisions import DecisionTrace, log_decision
-from fencegate.gateway.engine import Engine, GatewayResponse, problem_response, store_unavailable
+from fencegate.gateway.engine import (
+    Engine,
+    GatewayResponse,
+    internal_error,
+    problem_response,
+    store_unavailable,
+)
 from fencegate.gateway.metrics import GatewayMetrics
 from fencegate.gateway.routes import RoutePolicy, RouteTable
 from fencegate.gateway.stripe_errors import stripe_error
@@ -120,6 +127,9 @@ class Pipeline:
         self.stripped = (
             frozenset(authenticator.stripped_headers) if authenticator is not None else frozenset()
         )
+        # An in-process application's exceptions are its own: they propagate to its server
+        # as they are (a proxy's upstream raises only for a fault of fencegate's).
+        self._app_errors_propagate = bool(getattr(upstream, "app_errors_propagate", False))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -162,10 +172,13 @@ class Pipeline:
             except Problem as problem:
                 await self._answer(send, problem_response(problem), policy, trace)
                 return
-            except Exception as exc:
-                # The nonce could not be recorded (the store failed in whatever way).
+            except StoreUnavailable as exc:
+                # The nonce could not be recorded.
                 logger.error("store unavailable while checking a signature nonce: %s", exc)
                 await self._answer(send, problem_response(store_unavailable()), policy, trace)
+                return
+            except Exception as exc:
+                await self._internal_error(send, exc, "authenticate", policy, trace)
                 return
             if self.stripped:
                 request = dataclasses.replace(
@@ -177,8 +190,10 @@ class Pipeline:
         upstream = self.upstream
         metrics = self.metrics
         step = trace  # narrowed to a DecisionTrace for the closure
+        raised_upstream: BaseException | None = None
 
         async def forward(timeout: float) -> UpstreamResponse:
+            nonlocal raised_upstream
             # Timed once, here: for the decision log and for the latency histogram.
             started = time.perf_counter()
             status: int | None = None
@@ -191,13 +206,31 @@ class Pipeline:
                     )
                 status = response.status
                 return response
+            except Exception as exc:
+                raised_upstream = exc
+                raise
             finally:
                 step.upstream_called(started, status)
                 if metrics is not None:
                     metrics.upstream_latency.observe(step.upstream_seconds or 0.0)
 
-        response = await self.engine.handle(request, policy, tenant, forward, trace=trace)
+        try:
+            response = await self.engine.handle(request, policy, tenant, forward, trace=trace)
+        except Exception as exc:
+            if exc is raised_upstream and self._app_errors_propagate:
+                raise  # the wrapped application's own error, for its server to handle
+            await self._internal_error(send, exc, "request", policy, trace)
+            return
         await self._answer(send, response, policy, trace)
+
+    async def _internal_error(
+        self, send: Send, exc: Exception, where: str, policy: RoutePolicy, trace: DecisionTrace
+    ) -> None:
+        """A fault in fencegate's own code: 500 ``internal-error``, logged and counted."""
+        self.engine.internal_errors.report(exc, where=where, about=f"request {trace.request_id}")
+        forwarded = trace.upstream_seconds is not None
+        problem = internal_error(trace.request_id, forwarded=forwarded)
+        await self._answer(send, problem_response(problem), policy, trace)
 
     async def _answer(
         self, send: Send, response: GatewayResponse, policy: RoutePolicy, trace: DecisionTrace

@@ -17,7 +17,8 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from fencegate.errors import StoreClosed
+from fencegate.errors import StoreClosed, StoreUnavailable
+from fencegate.internal_errors import InternalErrors
 from fencegate.store.base import KeyRecord, Reservation
 
 logger = logging.getLogger("fencegate.gateway")
@@ -67,8 +68,10 @@ class PendingWrites:
         look_up: LookUp | None = None,
         first_delay: float = 0.05,
         max_delay: float = 2.0,
+        internal: InternalErrors | None = None,
     ) -> None:
         self.look_up = look_up
+        self.internal = internal  # where a bug met while trying is reported
         self.first_delay = first_delay
         self.max_delay = max_delay
         self._tasks: dict[asyncio.Task[None], OwedWrite] = {}
@@ -92,6 +95,7 @@ class PendingWrites:
     async def _keep_trying(self, owed: OwedWrite) -> None:
         delay = self.first_delay
         tries = 0
+        bug_reported = False
         r = owed.reservation
         while time.monotonic() + delay < owed.give_up_at:
             await asyncio.sleep(delay)  # backoff between tries, not a wait for a condition
@@ -103,8 +107,16 @@ class PendingWrites:
                 # Nobody will try again once this process let go of the store: say so.
                 self._left_behind(owed)
                 return
-            except Exception as exc:
+            except StoreUnavailable as exc:
                 logger.debug("still cannot %s key %r: %s", owed.operation, r.key, exc)
+                continue
+            except Exception as exc:
+                # A bug, not the store: reported once per owed write, and tried again, as a
+                # fault that depends on the moment may not come back.
+                if self.internal is not None and not bug_reported:
+                    self.internal.report(exc, where="owed_write", about=f"key {r.key!r}")
+                    bug_reported = True
+                logger.debug("still cannot %s key %r: %r", owed.operation, r.key, exc)
                 continue
             if owed.operation == ABANDON:
                 if landed:

@@ -12,6 +12,7 @@ import orjson
 from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
+from fencegate.gateway.reconcile import ReconcileRule, reconcile_rule
 from fencegate.problems import Problem
 
 DEFAULT_KEY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
@@ -128,34 +129,108 @@ def _check_statuses(value: frozenset[int] | None) -> frozenset[int] | None:
 
 # The one definition of a route: built by the middleware's users in Python, and validated
 # from the ``[[routes]]`` tables of a config file (which say ``methods`` for key_methods).
+# Each field's description is what the configuration reference prints.
 @pydantic_dataclass(
     frozen=True,
     slots=True,
     config=ConfigDict(extra="forbid", arbitrary_types_allowed=True),
 )
 class RoutePolicy:
-    prefix: Annotated[str, AfterValidator(_check_prefix)] = "/"
-    upstream: Annotated[str | None, AfterValidator(check_upstream)] = None
-    # Methods that go through the key and fence checks; the others pass straight through.
-    key_methods: Annotated[frozenset[str], BeforeValidator(_upper_methods)] = DEFAULT_KEY_METHODS
-    key_required: bool = True
-    fence_required: bool = False
-    entity: Annotated[EntityRule, BeforeValidator(_entity_rule)] = field(default_factory=EntityRule)
-    timeout: Annotated[float, Field(gt=0)] = 30.0  # the upstream's deadline, seconds
-    # None: every status below 500 (and 5xx too with store_5xx).
-    stored_statuses: Annotated[frozenset[int] | None, AfterValidator(_check_statuses)] = None
-    store_5xx: bool = False
-    # reject: an unknown outcome is never forwarded again (safe for any upstream); retry:
-    # forwarded again with the same key, only for upstreams that deduplicate by it.
-    on_unknown: Literal["retry", "reject"] = "reject"
-    # A "%2F" in a path is refused unless the route says its upstream reads it as data.
-    allow_encoded_slashes: bool = False
-    max_body_bytes: Annotated[int, Field(gt=0)] = 10 * 1024 * 1024
-    max_stored_body_bytes: Annotated[int, Field(ge=0)] = 1024 * 1024
-    key_ttl_seconds: Annotated[float, Field(gt=0)] = 24 * 3600.0
-    # How the gateway's own error answers look: RFC 9457 problem details, or Stripe's error
-    # object for clients written against Stripe's API (see `stripe_errors`).
-    error_format: Literal["problem", "stripe"] = "problem"
+    prefix: Annotated[
+        str,
+        AfterValidator(_check_prefix),
+        Field(description="the path prefix the route covers; the longest matching prefix wins"),
+    ] = "/"
+    upstream: Annotated[
+        str | None,
+        AfterValidator(check_upstream),
+        Field(description="the base URL to forward to (http:// or https://)"),
+    ] = None
+    key_methods: Annotated[
+        frozenset[str],
+        BeforeValidator(_upper_methods),
+        Field(
+            description="the methods that go through the key and fence checks; the others "
+            "pass straight through"
+        ),
+    ] = DEFAULT_KEY_METHODS
+    key_required: Annotated[
+        bool, Field(description="a guarded request without a key is 400 key-required")
+    ] = True
+    fence_required: Annotated[
+        bool, Field(description="a guarded request without a fence is 428 fence-required")
+    ] = False
+    entity: Annotated[
+        EntityRule,
+        BeforeValidator(_entity_rule),
+        Field(
+            description='what a fence protects: "header" (X-Execution-Entity), a path template '
+            'such as "/invoices/{invoice_id}/capture" (entity invoice_id:inv-1), or '
+            '"json:customer.id" (a field of the JSON body; entity id:<value>)'
+        ),
+    ] = field(default_factory=EntityRule)
+    timeout: Annotated[
+        float, Field(gt=0, description="the upstream's deadline, seconds; then 504")
+    ] = 30.0
+    stored_statuses: Annotated[
+        frozenset[int] | None,
+        AfterValidator(_check_statuses),
+        Field(
+            description="the statuses whose answers are stored and replayed; unset: every "
+            "status below 500 (and 5xx too with store_5xx)"
+        ),
+    ] = None
+    store_5xx: Annotated[
+        bool,
+        Field(description="store 5xx answers too; by default a 5xx releases the key"),
+    ] = False
+    on_unknown: Annotated[
+        Literal["retry", "reject"],
+        Field(
+            description="reject: a key whose outcome is unknown is never forwarded again "
+            "(424 outcome-unknown until it is resolved; safe for any upstream); retry: "
+            "forwarded again with the same key, only for upstreams that deduplicate by it"
+        ),
+    ] = "reject"
+    allow_encoded_slashes: Annotated[
+        bool,
+        Field(
+            description='accept "%2F" in a path, for an upstream that reads it as data '
+            "(else 400 invalid-target)"
+        ),
+    ] = False
+    max_body_bytes: Annotated[
+        int, Field(gt=0, description="the largest request body; larger is 413 body-too-large")
+    ] = 10 * 1024 * 1024
+    max_stored_body_bytes: Annotated[
+        int,
+        Field(
+            ge=0,
+            description="the largest answer body stored for replay; a replay of a larger one "
+            "is 410 response-not-stored",
+        ),
+    ] = 1024 * 1024
+    key_ttl_seconds: Annotated[
+        float, Field(gt=0, description="how long a key is kept, counted from its reservation")
+    ] = 24 * 3600.0
+    error_format: Annotated[
+        Literal["problem", "stripe"],
+        Field(
+            description="the gateway's own error answers: problem (RFC 9457 problem details) "
+            "or stripe (Stripe's error object, for clients written against Stripe's API)"
+        ),
+    ] = "problem"
+    reconcile: Annotated[
+        ReconcileRule | None,
+        BeforeValidator(reconcile_rule),
+        Field(
+            description="how fencegate asks the upstream whether a request whose outcome is "
+            "unknown ran, instead of waiting for an operator: a probe table { method, target, "
+            "executed, not_executed, headers } (target placeholders {key}, {entity}, {fence}, "
+            '{json.<field>}) or an async function "package.module:function"; unset: an '
+            "operator settles such keys (see the reconciliation guide)"
+        ),
+    ] = None
 
     def stores(self, status: int) -> bool:
         if self.stored_statuses is not None:

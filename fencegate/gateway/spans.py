@@ -9,8 +9,8 @@ request, so the upstream's spans are its children.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import TYPE_CHECKING, Any
 
 from fencegate import tracing
@@ -83,3 +83,33 @@ async def send_upstream(
         response = await upstream.send(traced, policy, scope, receive, timeout=timeout)
         span.set_attribute("http.response.status_code", response.status)
         return response
+
+
+@contextmanager
+def reconcile_span(
+    *, route: str, method: str, tenant: str, key: str, attempt: int
+) -> Iterator[Any]:
+    """One INTERNAL span per key the reconciler probes; an HTTP probe carries its context to
+    the upstream in ``traceparent``, so the upstream's spans are its children."""
+    from opentelemetry.trace import SpanKind
+
+    attributes = {
+        "http.route": route,
+        "fencegate.tenant": tenant,
+        "fencegate.idempotency_key": key,
+        "fencegate.attempt": attempt,
+    }
+    with tracing.TRACER.start_as_current_span(
+        f"reconcile {method} {route}", kind=SpanKind.INTERNAL, attributes=attributes,
+        record_exception=False,
+    ) as span:  # fmt: skip
+        yield span
+
+
+def end_reconcile_span(span: Any, *, result: str, probe_status: int | None, note: str) -> None:
+    facts = {
+        "fencegate.reconcile.result": result,
+        "fencegate.reconcile.note": note or None,
+        "http.response.status_code": probe_status,
+    }
+    span.set_attributes({k: v for k, v in facts.items() if v is not None})

@@ -232,6 +232,9 @@ def forwarded_headers(request: IncomingRequest, upstream: str) -> CIMultiDict[st
 class AppUpstream:
     """The wrapped ASGI app, called with the buffered body; its whole answer is captured."""
 
+    # What the app raises is the app's, not a fault of fencegate's: it propagates as it is.
+    app_errors_propagate = True
+
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 

@@ -8,10 +8,12 @@ Three kinds of trouble, three reactions:
 
 - zero rows (``extend`` → None): the lease is lost. Log ``heartbeat_lost``, cancel the tool;
   its result will not be committed.
-- no answer (`StoreUnavailable`, or any other error): ownership is unknown. Log
-  ``heartbeat_failed`` and ``ownership_unknown``; the job's guard refuses new external
-  actions; retry sooner than a full period; at ``lease_until - margin`` give up locally
-  (cancel, no commit).
+- no answer (`StoreUnavailable`): ownership is unknown. Log ``heartbeat_failed`` and
+  ``ownership_unknown``; the job's guard refuses new external actions; retry sooner than a
+  full period; at ``lease_until - margin`` give up locally (cancel, no commit).
+- any other error is a bug in fencegate, not an outage: its traceback is logged (once per
+  kind), and the lease is given up at once (``heartbeat_lost``, reason ``internal_error``:
+  cancel, no commit), since nothing renews it any more.
 - success: ``heartbeat_ok``; the guard allows actions again.
 
 Renewals are grouped: each lease's renewal time is rounded down onto a grid of a quarter of
@@ -24,16 +26,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import threading
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, cast
 
+from fencegate.errors import StoreUnavailable
+from fencegate.internal_errors import InternalErrors
 from fencegate.lease.events import EventLog
 from fencegate.lease.execution import Execution, Ownership
 from fencegate.lease.metrics import WorkerMetrics
 from fencegate.lease.models import Lease
+
+logger = logging.getLogger("fencegate.worker")
 
 # An extend that cannot even be sent quickly is no better than none: keep a floor so a
 # nearly-expired lease still gets one honest try.
@@ -96,6 +103,7 @@ class HeartbeatController:
         self._inbox_lock = threading.Lock()
         self._delivery_pending = False
         self._flush: asyncio.TimerHandle | None = None
+        self.internal_errors = InternalErrors(logger)
 
     # -- life cycle (called from the worker's thread) --------------------------------------
     def start(self, *, timeout: float) -> None:
@@ -250,9 +258,8 @@ class HeartbeatController:
                 call_timeout = max(_MIN_CALL_TIMEOUT, min(period, budget))
                 try:
                     renewed = await self._renew(store, execution.lease, call_timeout)
-                except Exception as exc:
-                    # Any failure to hear back (StoreUnavailable, or a driver error nobody
-                    # foresaw) leaves ownership unknown, never confirmed.
+                except StoreUnavailable as exc:
+                    # No answer from the store: ownership unknown, never confirmed.
                     failures += 1
                     self._failed(execution, kind, exc, failures)
                     left = execution.remaining() - margin
@@ -262,6 +269,14 @@ class HeartbeatController:
                     # Retry sooner than a full period while there is margin left.
                     next_at = time.monotonic() + max(_MIN_RETRY_DELAY, min(period, left / 3))
                     continue
+                except Exception as exc:
+                    # A bug, not an outage: nothing renews this lease any more, so it is
+                    # given up now rather than reported as unknown until it runs out.
+                    self.internal_errors.report(
+                        exc, where="heartbeat", about=f"job {execution.job_id}"
+                    )
+                    self._lose(execution, kind, cancel, "internal_error", error=type(exc).__name__)
+                    return
                 if renewed is None:
                     await self._lost_zero_rows(store, execution, kind, cancel)
                     return

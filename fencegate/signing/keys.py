@@ -47,13 +47,28 @@ class KeyEntry(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    id: str = Field(pattern=_KEY_ID_PATTERN)
-    tenant: str = Field(pattern=r"^[\x20-\x7e]{1,255}$")
-    alg: Algorithm
-    secret: SecretStr | None = None
-    secret_file: Path | None = None
-    public_key: str | None = None
-    public_key_file: Path | None = None
+    id: str = Field(
+        pattern=_KEY_ID_PATTERN, description="the signature's keyid: 1-255 printable characters"
+    )
+    tenant: str = Field(
+        pattern=r"^[\x20-\x7e]{1,255}$",
+        description="the tenant this key speaks for; it scopes every key and fence",
+    )
+    alg: Algorithm = Field(description="hmac-sha256 (a shared secret) or ed25519")
+    secret: SecretStr | None = Field(
+        default=None, description="hmac-sha256: the secret, base64, at least 32 bytes"
+    )
+    secret_file: Path | None = Field(
+        default=None,
+        description="hmac-sha256: a file holding the secret (relative to the keys file)",
+    )
+    public_key: str | None = Field(
+        default=None, description="ed25519: the public key, raw 32 bytes in base64, or PEM"
+    )
+    public_key_file: Path | None = Field(
+        default=None,
+        description="ed25519: a file holding the public key (relative to the keys file)",
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> KeyEntry:
@@ -76,10 +91,22 @@ class SignatureSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     keys: list[dict[str, Any]] = Field(default_factory=list)
-    file: Path | None = None
-    public_base_url: str | None = None
-    skew_past_seconds: float | None = Field(default=None, gt=0)
-    skew_future_seconds: float | None = Field(default=None, ge=0)
+    file: Path | None = Field(
+        default=None,
+        description="in the gateway's config file: read the keys from this file instead",
+    )
+    public_base_url: str | None = Field(
+        default=None,
+        description="the scheme and host clients sign for, behind a TLS-terminating proxy",
+    )
+    skew_past_seconds: float | None = Field(
+        default=None, gt=0, description="how old a signature's created may be (default 60)"
+    )
+    skew_future_seconds: float | None = Field(
+        default=None,
+        ge=0,
+        description="how far ahead of the gateway a signer's clock may be (default 5)",
+    )
 
 
 @dataclass(frozen=True, slots=True)

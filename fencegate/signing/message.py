@@ -2,8 +2,10 @@
 
 Signer and gateway must derive ``@target-uri`` from the same string. RFC 9421 signs the
 target as sent, and the gateway forwards it byte for byte, so the path and the query enter
-the signature base exactly as they are on the wire (``%2F`` and ``/`` are different targets).
-Only the origin is normalised, since the gateway knows it from the Host it was addressed by:
+the signature base exactly as they are on the wire (``%2F`` and ``/`` are different targets,
+and so are ``/q?`` and ``/q``: an empty query is kept, as RFC 3986 and independent RFC 9421
+signers keep it). Only the origin is normalised, since the gateway knows it from the Host it
+was addressed by:
 
 - scheme and host in lower case, the scheme's default port removed;
 - an empty path is ``/`` (what a client sends for it).
@@ -43,7 +45,9 @@ def normalize_url(url: str) -> str:
     if not parts.scheme or not parts.netloc:
         raise ValueError(f"an absolute http(s) URL is required, got {url!r}")
     authority = parts.netloc.rpartition("@")[2]  # credentials never reach the target URI
-    query = f"?{parts.query}" if parts.query else ""
+    # urlsplit gives "" for "/q?" and "/q" alike; a client sends the "?" it was given.
+    empty_query = not parts.query and url.partition("#")[0].endswith("?")
+    query = f"?{parts.query}" if parts.query or empty_query else ""
     return normalize_origin(parts.scheme, authority) + normalize_path(parts.path) + query
 
 
@@ -53,7 +57,7 @@ def incoming_target_uri(request: IncomingRequest, *, public_base_url: str | None
     Behind a TLS-terminating proxy the gateway is addressed as ``http://gateway:8080`` while
     the worker signed ``https://api.example.com``; ``public_base_url`` restores the latter.
     """
-    query = f"?{request.query_string}" if request.query_string else ""
+    query = f"?{request.query_string}" if request.query_string or request.empty_query else ""
     path = normalize_path(request.path)
     if public_base_url:
         base = urlsplit(public_base_url)

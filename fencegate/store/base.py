@@ -152,6 +152,11 @@ class GatewayStore(abc.ABC):
         # Whether decisions are kept in the history (one row each, in their transaction).
         self.history = history
 
+    @property
+    def database(self) -> NamedQueries:
+        """The connection layer this store runs on (the reconciler's statements share it)."""
+        return self._db
+
     @abc.abstractmethod
     async def decide(self, request: DecideRequest, *, timeout: float) -> Decision: ...
 

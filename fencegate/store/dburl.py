@@ -21,6 +21,9 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+# The two stores, as every part names them.
+StoreKind = Literal["postgresql", "sqlite"]
+
 DEFAULT_SQLITE_URL = "sqlite:///fencegate.db"
 
 # Taken out of the URL before it reaches the driver.
@@ -33,7 +36,7 @@ _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
 @dataclass(frozen=True)
 class DatabaseURL:
-    kind: Literal["postgresql", "sqlite"]
+    kind: StoreKind
     url: str  # as given
     sqlite_path: Path | None = None
     schema: str | None = None  # PostgreSQL: where the tables live

@@ -1,14 +1,25 @@
-"""Apply the SQL files under `sql/<store>/` in name order, each once.
+"""Apply the SQL files under `sql/<store>/`: versioned migrations once each, in name order,
+then (PostgreSQL) each function whose text changed.
 
-Files are named ``NNN_what.sql``. Applied names are recorded in ``fencegate_migrations``;
-running `migrate` again is a no-op, and concurrent runs are serialised (an advisory lock on
+- Versioned migrations are named ``NNN_what.sql``; ``001_baseline.sql`` is the 1.0 schema.
+  A database made before 1.0 (its `fencegate_migrations` names files of ``legacy/``) gets the
+  legacy files it lacks instead of the baseline, and then counts as at the baseline.
+- Functions (``functions/NAME.sql``, one function each, with the trigger that calls it) are
+  repeatable migrations, as Flyway has them: applied after the versioned ones whenever their
+  text changes, so a change to a function is one edit of one file. Each is recorded in
+  `fencegate_migrations` as ``functions/NAME.sql@<sha256 prefix>``, so the schema check at
+  start-up sees an outdated function like a missing migration.
+
+Running `migrate` again is a no-op, and concurrent runs are serialised (an advisory lock on
 PostgreSQL, the write lock on SQLite).
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 import sqlite3
+from importlib.resources.abc import Traversable
 from typing import Literal
 
 import asyncpg
@@ -28,20 +39,65 @@ CREATE TABLE IF NOT EXISTS fencegate_migrations (
 """
 
 
-# A migration is ``NNN_what.sql``; anything else in the folder (``schema.sql``, the current
-# schema to read) is not one.
+# A migration is ``NNN_what.sql``; anything else in the folder (``queries/``, ``functions/``,
+# ``legacy/``) is not one.
 MIGRATION_NAME = re.compile(r"[0-9]{3}_[a-z0-9_]+\.sql")
 
 
-def migration_files(kind: Literal["postgresql", "sqlite"]) -> list[tuple[str, str]]:
-    """(name, sql) for every migration of one store, in order."""
-    folder = store_folder(kind)
-    files = sorted(
+BASELINE = "001_baseline.sql"
+FUNCTIONS = "functions"
+LEGACY = "legacy"
+
+
+def _sql_files(folder: Traversable) -> list[tuple[str, str]]:
+    if not folder.is_dir():
+        return []
+    return sorted(
         (entry.name, entry.read_text(encoding="utf-8"))
         for entry in folder.iterdir()
         if MIGRATION_NAME.fullmatch(entry.name)
     )
-    return files
+
+
+def migration_files(kind: Literal["postgresql", "sqlite"]) -> list[tuple[str, str]]:
+    """(name, sql) for every versioned migration of one store, in order."""
+    return _sql_files(store_folder(kind))
+
+
+def legacy_files(kind: Literal["postgresql", "sqlite"]) -> list[tuple[str, str]]:
+    """(name, sql) of the pre-1.0 migrations that bring an old database to the baseline."""
+    return _sql_files(store_folder(kind) / LEGACY)
+
+
+def function_files(kind: Literal["postgresql", "sqlite"]) -> list[tuple[str, str]]:
+    """(recorded name, sql) of every function file: ``functions/NAME.sql@<sha256 prefix>``."""
+    folder = store_folder(kind) / FUNCTIONS
+    if not folder.is_dir():
+        return []
+    files = sorted(
+        (entry.name, entry.read_text(encoding="utf-8"))
+        for entry in folder.iterdir()
+        if entry.name.endswith(".sql")
+    )
+    return [(function_record(name, sql), sql) for name, sql in files]
+
+
+def function_record(file_name: str, sql: str) -> str:
+    digest = hashlib.sha256(sql.encode()).hexdigest()[:16]
+    return f"{FUNCTIONS}/{file_name}@{digest}"
+
+
+def pending(kind: Literal["postgresql", "sqlite"], done: set[str]) -> list[tuple[str, str | None]]:
+    """The versioned migrations a database with ``done`` applied still needs, in order; a
+    None body is only recorded (the baseline, once the legacy files have built it)."""
+    steps: list[tuple[str, str | None]] = []
+    legacy = legacy_files(kind)
+    if BASELINE not in done and done & {name for name, _ in legacy}:
+        steps = [(name, sql) for name, sql in legacy if name not in done]
+        steps.append((BASELINE, None))
+        done = done | {BASELINE}
+    steps += [(name, sql) for name, sql in migration_files(kind) if name not in done]
+    return steps
 
 
 def split_sqlite_statements(script: str) -> list[str]:
@@ -74,16 +130,49 @@ async def migrate_postgres(conn: asyncpg.Connection, *, schema: str | None = Non
         await conn.execute("SELECT pg_advisory_xact_lock($1)", _ADVISORY_LOCK_ID)
         await conn.execute(_MIGRATIONS_TABLE)
         done = {r["name"] for r in await conn.fetch("SELECT name FROM fencegate_migrations")}
-        for name, sql in migration_files("postgresql"):
-            if name in done:
-                continue
-            await conn.execute(sql)
-            await conn.execute(
-                "INSERT INTO fencegate_migrations (name, applied_at) VALUES ($1, now()::text)",
-                name,
-            )
+        for name, sql in pending("postgresql", done):
+            if sql is not None:
+                await conn.execute(sql)
+            await _record(conn, name)
             applied.append(name)
+        for record, sql in function_files("postgresql"):
+            if record in done:
+                continue
+            await _apply_function(conn, record, sql)
+            await conn.execute(
+                "DELETE FROM fencegate_migrations WHERE name LIKE $1",
+                record.split("@", 1)[0] + "@%",
+            )
+            await _record(conn, record)
+            applied.append(record)
     return applied
+
+
+async def _record(conn: asyncpg.Connection, name: str) -> None:
+    await conn.execute(
+        "INSERT INTO fencegate_migrations (name, applied_at) VALUES ($1, now()::text)", name
+    )
+
+
+async def _apply_function(conn: asyncpg.Connection, record: str, sql: str) -> None:
+    """``CREATE OR REPLACE`` the file's function; one whose result or parameters changed
+    cannot be replaced, so the old one is dropped first (nothing depends on it but the
+    trigger its own file creates again)."""
+    try:
+        async with conn.transaction():  # a savepoint: the failed attempt leaves nothing
+            await conn.execute(sql)
+        return
+    except asyncpg.InvalidFunctionDefinitionError:
+        pass
+    function = record.split("/", 1)[1].split("@", 1)[0].removesuffix(".sql")
+    olds = await conn.fetch(
+        "SELECT p.oid::regprocedure::text AS signature FROM pg_proc p "
+        "WHERE p.proname = $1 AND p.pronamespace = current_schema()::regnamespace",
+        function,
+    )
+    for old in olds:
+        await conn.execute(f"DROP FUNCTION {old['signature']}")
+    await conn.execute(sql)
 
 
 def migrate_sqlite_sync(conn: sqlite3.Connection) -> list[str]:
@@ -91,10 +180,8 @@ def migrate_sqlite_sync(conn: sqlite3.Connection) -> list[str]:
     with write_transaction(conn):
         conn.execute(_MIGRATIONS_TABLE)
         done = {r[0] for r in conn.execute("SELECT name FROM fencegate_migrations")}
-        for name, sql in migration_files("sqlite"):
-            if name in done:
-                continue
-            for statement in split_sqlite_statements(sql):
+        for name, sql in pending("sqlite", done):
+            for statement in split_sqlite_statements(sql or ""):
                 conn.execute(statement)
             conn.execute(
                 "INSERT INTO fencegate_migrations (name, applied_at) VALUES (?, datetime('now'))",

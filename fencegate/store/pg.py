@@ -1,10 +1,12 @@
 """The PostgreSQL connection layer every fencegate store shares: one asyncpg pool, every call
 bounded by ``timeout=`` as a whole (acquire, query, release), and one error rule.
 
-Whatever fails at this boundary (a lost or refused connection, a timeout, a server error, a
-missing schema, asyncpg's own protocol errors) is raised as `StoreUnavailable`: to a gateway
-that means fail closed (503), to a worker that its ownership is unknown. Callers never see a
-driver exception.
+A store fault at this boundary (a lost or refused connection, a timeout, a server shutting
+down or out of connections, a conflict, a missing schema, asyncpg's broken protocol state;
+`fencegate.store.faults`) is raised as `StoreUnavailable`: to a gateway that means fail
+closed (503), to a worker that its ownership is unknown; its connection is closed. Anything
+else (a syntax error, a wrong argument, a Python exception in the caller's function) is a bug
+and propagates as it is, and its connection, which is sound, goes back to the pool.
 """
 
 from __future__ import annotations
@@ -19,19 +21,23 @@ import asyncpg
 
 from fencegate.errors import StoreClosed, StoreTimedOut, StoreUnavailable, unsent
 from fencegate.store.dburl import POOL_MODE_OPTION, DatabaseURL
+from fencegate.store.faults import pg_fault
 from fencegate.store.replication import ReplicationGuard, ReplicationNotSynchronous
 
 T = TypeVar("T")
 
 
-def unavailable(exc: BaseException, timeout: float) -> StoreUnavailable:
-    """Every failure at the store boundary means the same: the store could not decide or
-    record. A driver's protocol error (asyncpg's ``InternalClientError``), a missing schema
-    and a dropped database included."""
+def unavailable(
+    exc: BaseException, timeout: float, *, connection_closed: bool = False
+) -> StoreUnavailable | None:
+    """``exc`` as `StoreUnavailable` when it is a store fault (the store could not decide or
+    record: `fencegate.store.faults.pg_fault`), None when it is a bug."""
     if isinstance(exc, TimeoutError):
         return StoreTimedOut(f"no answer within {timeout:g}s")
     if isinstance(exc, StoreUnavailable):
         return exc
+    if not pg_fault(exc, connection_closed=connection_closed):
+        return None
     if isinstance(
         exc, asyncpg.DuplicatePreparedStatementError | asyncpg.InvalidSQLStatementNameError
     ):
@@ -133,13 +139,13 @@ async def _pinned(conn: asyncpg.Connection, *, pinned: bool) -> AsyncIterator[No
 
 
 def _terminate(conn: Any) -> None:
-    """After a failed call the connection is in an unknown state (a query may still run on a
+    """After a store fault the connection is in an unknown state (a query may still run on a
     silent network): close it at once rather than reset it for the next caller."""
     with contextlib.suppress(Exception):  # already dropped by the pool
         conn.terminate()
 
 
-def _explain(exc: BaseException, timeout: float) -> StoreUnavailable:
+def _explain(exc: BaseException, timeout: float) -> StoreUnavailable | None:
     if "unsupported startup parameter" in str(exc):
         return StoreUnavailable(
             f"{type(exc).__name__}: {exc}: this is a connection pooler (PgBouncer); add "
@@ -262,8 +268,11 @@ class PgDatabase:
         except ReplicationNotSynchronous:
             raise
         except Exception as exc:
+            fault = _explain(exc, timeout)
+            if fault is None:
+                raise  # a bug (in `init`, say): not "PostgreSQL did not answer"
             # Said plainly: the first thing a misconfigured URL produces is this message.
-            raise StoreUnavailable(f"PostgreSQL did not answer: {_explain(exc, timeout)}") from exc
+            raise StoreUnavailable(f"PostgreSQL did not answer: {fault}") from exc
         assert pool is not None
         return cls(
             pool, target=target, server_settings=startup, local_settings=local, replication=guard
@@ -289,15 +298,19 @@ class PgDatabase:
                 self.target.dsn, timeout=timeout, server_settings=self._server_settings
             )
         except Exception as exc:
-            raise unavailable(exc, timeout) from exc
+            fault = unavailable(exc, timeout)
+            if fault is None:
+                raise
+            raise fault from exc
         try:
             async with asyncio.timeout(timeout):
                 await conn.add_listener(channel, on_notify)
         except BaseException as exc:
             conn.terminate()
-            if isinstance(exc, Exception):
-                raise unavailable(exc, timeout) from exc
-            raise
+            fault = unavailable(exc, timeout) if isinstance(exc, Exception) else None
+            if fault is None:
+                raise
+            raise fault from exc
         conn.add_termination_listener(on_terminate)
         return conn
 
@@ -310,8 +323,13 @@ class PgDatabase:
         try:
             return await self._call(conn, fn, loop_deadline)
         except Exception as exc:
+            fault = unavailable(exc, timeout, connection_closed=_closed(conn))
+            if fault is None:
+                # A bug: the connection is sound. Released below, which rolls back a
+                # transaction the call may have left open.
+                raise
             _terminate(conn)
-            raise unavailable(exc, timeout) from exc
+            raise fault from exc
         except BaseException:
             _terminate(conn)
             raise
@@ -326,9 +344,10 @@ class PgDatabase:
         calls at once (the gateway's batch of steps): taking a connection from the pool and
         giving it back costs more client CPU than a short statement (a task, timers and
         several turns of the event loop, each time). The same bound and error rule as `run`:
-        after a failure the connection is closed and given back, and the next call takes
-        another from the pool; so is one found closed while it waited. A pool of one
-        connection keeps none (every other statement would wait for it)."""
+        after a store fault the connection is closed and given back, after a bug given back
+        as it is (the pool's reset rolls back what the call left open), and the next call
+        takes another from the pool; so does one found closed while it waited. A pool of
+        one connection keeps none (every other statement would wait for it)."""
         if self.closed or self.pool.get_max_size() < 2:
             return await self.run(fn, timeout=timeout)
         loop_deadline = asyncio.get_running_loop().time() + timeout
@@ -341,11 +360,17 @@ class PgDatabase:
         try:
             return await self._call(conn, fn, loop_deadline)
         except BaseException as exc:
-            _terminate(conn)
-            await self._give_back_held()
+            bug = False
+            fault = None
             if isinstance(exc, Exception):
-                raise unavailable(exc, timeout) from exc
-            raise
+                fault = unavailable(exc, timeout, connection_closed=_closed(conn))
+                bug = fault is None
+            if not bug:  # a store fault, or a cancellation mid-call
+                _terminate(conn)
+            await self._give_back_held()
+            if fault is None:
+                raise
+            raise fault from exc
         finally:
             self._held_busy = False
             if self.closed:
@@ -359,7 +384,10 @@ class PgDatabase:
             async with asyncio.timeout_at(loop_deadline):
                 return await self.pool.acquire()
         except Exception as exc:
-            raise unsent(unavailable(exc, timeout)) from exc
+            fault = unavailable(exc, timeout)
+            if fault is None:
+                raise  # a bug in a new connection's set-up
+            raise unsent(fault) from exc
 
     async def _call(
         self, conn: Any, fn: Callable[[asyncpg.Connection], Awaitable[T]], loop_deadline: float

@@ -15,11 +15,9 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Literal
 
+from fencegate.store.dburl import StoreKind
 from fencegate.store.sqlfiles import store_folder
-
-StoreKind = Literal["postgresql", "sqlite"]
 
 _IDENT = r"[a-z_][a-z0-9_]*"
 _MARKER = re.compile(

@@ -8,13 +8,17 @@ line at start-up rather than a 500 on every keyed request.
 
 from __future__ import annotations
 
-import shlex
 from typing import Literal
 
 from fencegate.errors import FencegateError
 from fencegate.store.base import GatewayStore
-from fencegate.store.dburl import parse_database_url, redacted
-from fencegate.store.migrations import migration_files
+from fencegate.store.dburl import redacted
+from fencegate.store.migrations import (
+    FUNCTIONS,
+    function_files,
+    legacy_files,
+    migration_files,
+)
 
 
 class SchemaMismatch(FencegateError):
@@ -22,23 +26,23 @@ class SchemaMismatch(FencegateError):
 
 
 def needed_migrations(kind: Literal["postgresql", "sqlite"]) -> list[str]:
-    return [name for name, _ in migration_files(kind)]
+    """The versioned migrations, then the functions as they are now."""
+    return [name for name, _ in migration_files(kind)] + [
+        record for record, _ in function_files(kind)
+    ]
 
 
 def schema_version(kind: Literal["postgresql", "sqlite"]) -> str:
     """The newest migration this code needs, e.g. ``003_unknown_outcomes``."""
-    return needed_migrations(kind)[-1].removesuffix(".sql")
+    return [name for name, _ in migration_files(kind)][-1].removesuffix(".sql")
 
 
 def operator_store_argument(url: str | None) -> str:
-    """``--database-url …`` for the commands a 424 problem tells an operator to run. A SQLite
-    store is named by its absolute path (the operator's shell is rarely in the gateway's
-    directory); a PostgreSQL URL names internal hosts, so API clients are not told it: the
-    command reads the operator's own ``FENCEGATE_DATABASE_URL``."""
-    target = parse_database_url(url)
-    if target.kind == "sqlite":
-        assert target.sqlite_path is not None
-        return "--database-url " + shlex.quote(f"sqlite:///{target.sqlite_path.resolve()}")
+    """``--database-url …`` for the commands a 424 problem tells an operator to run. The
+    body goes to API clients, who must learn nothing of the server: not a PostgreSQL URL's
+    internal hosts, nor a SQLite file's path. The command reads the operator's own
+    ``FENCEGATE_DATABASE_URL`` (the gateway's start-up line names the store)."""
+    del url  # the same words whatever the store: its location stays on the server
     return '--database-url "$FENCEGATE_DATABASE_URL"'
 
 
@@ -54,13 +58,21 @@ def check_applied(
     )
     if applied is None:
         raise SchemaMismatch(f"the database has no fencegate schema: {fix}")
-    unknown = sorted(set(applied) - set(needed))
+    # The pre-1.0 files that built a database stay recorded: they are known.
+    known = set(needed) | {name for name, _ in legacy_files(kind)}
+    unknown = sorted(name for name in set(applied) - known if not name.startswith(FUNCTIONS + "/"))
     if unknown:
         raise SchemaMismatch(
             f"the database has migrations this fencegate does not know ({', '.join(unknown)}): "
             f"it was migrated by a newer release; upgrade fencegate"
         )
     missing = [name for name in needed if name not in applied]
+    if missing and all(name.startswith(FUNCTIONS + "/") for name in missing):
+        # Only functions differ: an older or newer release migrated it.
+        changed = ", ".join(name.split("/", 1)[1].split("@", 1)[0] for name in missing)
+        raise SchemaMismatch(
+            f"the database's fencegate functions ({changed}) are not this release's: {fix}"
+        )
     if missing:
         raise SchemaMismatch(f"the database's fencegate schema lacks {', '.join(missing)}: {fix}")
 

@@ -8,9 +8,8 @@ import functools
 from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
-from typing import Literal
 
-StoreKind = Literal["postgresql", "sqlite"]
+from fencegate.store.dburl import StoreKind
 
 
 @functools.cache

@@ -3,8 +3,9 @@
 SQLite allows one writer at a time, so each store owns one connection driven by one thread;
 other processes on the host share the file through WAL and the busy timeout. Every call goes
 through `SQLiteDatabase.run`, which holds SQLite's one deadline and error rule: it keeps work
-from running (or committing) after its caller gave up, and turns every failure at the
-boundary into `StoreUnavailable`.
+from running (or committing) after its caller gave up, and raises a store fault (locked,
+busy, I/O, full, unable to open; `fencegate.store.faults`) as `StoreUnavailable`; anything
+else is a bug and propagates as it is.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from fencegate.errors import FencegateError, StoreClosed, StoreTimedOut, StoreUnavailable
+from fencegate.store.faults import sqlite_fault
 
 T = TypeVar("T")
 
@@ -54,9 +56,10 @@ class SQLiteDatabase:
     def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         try:
             return fn(self._connect())
-        except sqlite3.OperationalError:
-            # A broken handle (file removed, disk error) is reopened on the next call.
-            self._close_now()
+        except sqlite3.DatabaseError as exc:
+            if sqlite_fault(exc):
+                # A broken handle (file removed, disk error) is reopened on the next call.
+                self._close_now()
             raise
 
     async def run(
@@ -64,10 +67,11 @@ class SQLiteDatabase:
     ) -> T:
         """``fn`` on the connection's thread, bounded and classified: the one rule every
         SQLite caller (gateway store, lease driver, inspector, migrations) goes through. With
-        ``write``, ``fn`` runs in one BEGIN IMMEDIATE transaction. Whatever fails (a timeout,
-        a locked or missing file, a missing table, a closed executor) is raised as
-        `StoreUnavailable` (`StoreTimedOut` for the deadline): the store could not say yes or
-        no."""
+        ``write``, ``fn`` runs in one BEGIN IMMEDIATE transaction (rolled back if it raises).
+        A store fault (a timeout, a locked, busy, unreadable, full or missing file, a missing
+        table) is raised as `StoreUnavailable` (`StoreTimedOut` for the deadline, `StoreClosed`
+        once closed): the store could not say yes or no. Anything else is a bug in ``fn`` or
+        its SQL and propagates as it is."""
         if self.closed:
             raise StoreClosed(f"the SQLite store {self.path} is closed")
         # The connection's thread gives up a little before the caller does, and checks again
@@ -87,13 +91,20 @@ class SQLiteDatabase:
                     raise CallerGaveUp
                 return fn(conn)
 
+        loop = asyncio.get_running_loop()
         try:
-            loop = asyncio.get_running_loop()
             future = loop.run_in_executor(self._executor, self._call, bounded)
+        except RuntimeError as exc:  # the executor shut down: closed meanwhile
+            raise StoreClosed(f"the SQLite store {self.path} is closed") from exc
+        try:
             return await asyncio.wait_for(future, timeout)
         except (TimeoutError, CallerGaveUp) as exc:
             raise StoreTimedOut(f"SQLite did not answer within {timeout:g}s") from exc
+        except StoreUnavailable:
+            raise
         except Exception as exc:
+            if not sqlite_fault(exc):
+                raise
             raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from exc
 
     async def fetch(self, sql: str, args: Sequence[Any], *, timeout: float) -> list[dict[str, Any]]:

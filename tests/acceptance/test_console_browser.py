@@ -5,7 +5,7 @@ The store holds the story of the trace command's tests: a job with two attempts 
 lease ran out, worker-2 took over), worker-1's late request fenced off, and the charge key
 stuck in outcome unknown. The operator follows that key from the overview to its trace and
 resolves it with confirmation; a viewer cannot act, a tenant's token sees no other tenant, and
-a POST without the CSRF token is refused. The pages' screenshots for the README are taken
+a POST without the CSRF token is refused. The pages' screenshots for the documentation are taken
 only when asked: ``FENCEGATE_SCREENSHOTS=docs/console python -m pytest -k operator_follows
 tests/acceptance/test_console_browser.py`` (a test run leaves the tree clean).
 """
@@ -16,6 +16,8 @@ import asyncio
 import os
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -34,7 +36,7 @@ from tests.support.stories import two_workers_one_fenced_off
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]  # fmt: skip
-# Where the README's screenshots go, only when asked (a path, relative to the repository).
+# Where the documentation's screenshots go, only when asked (a path, relative to the repository).
 SHOTS = os.environ.get("FENCEGATE_SCREENSHOTS")
 KEY = "capture:inv-1:POST /v1/charges"
 SECRETS = {"night-op": "operator-secret-0123456789", "watcher": "viewer-secret-0123456789",
@@ -316,3 +318,27 @@ async def test_the_favicon_is_served_and_no_page_resource_is_missing(
     assert icon.headers["content-type"] == "image/svg+xml"
     assert (await icon.body()).startswith(b"<svg")
     assert missing == []
+
+
+def test_a_script_screenshots_a_page_with_the_token_in_its_url(
+    console: tuple[str, str, int], tmp_path: Path
+) -> None:
+    """A headless browser's --screenshot cannot send a header: the page takes the token as
+    RFC 6750's access_token parameter; a wrong one is refused, and no action takes it."""
+    _, base, _ = console
+    shot = tmp_path / "keys.png"
+    dump = subprocess.run(
+        [str(CHROMIUM), *CHROMIUM_ARGS, "--dump-dom",
+         f"{base}/keys?access_token={SECRETS['watcher']}"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert KEY in dump.stdout and "Sign in" not in dump.stdout, dump.stdout[-2000:]
+    taken = subprocess.run(
+        [str(CHROMIUM), *CHROMIUM_ARGS, f"--screenshot={shot}", "--window-size=1200,800",
+         f"{base}/keys?access_token={SECRETS['watcher']}"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert taken.returncode == 0 and shot.stat().st_size > 10_000, taken.stderr[-2000:]
+    with pytest.raises(urllib.error.HTTPError) as wrong:
+        urllib.request.urlopen(f"{base}/keys?access_token=not-a-token", timeout=30)
+    assert wrong.value.code == 401

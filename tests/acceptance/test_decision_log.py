@@ -132,6 +132,7 @@ def test_json_log_has_one_object_per_decision(
             "on_unknown": "reject",
             "timeout": 30.0,
             "error_format": "problem",
+            "reconcile": None,  # an operator settles its unknown outcomes
         }
     ]
     assert any(r.get("logger", "").startswith("uvicorn") for r in lines)

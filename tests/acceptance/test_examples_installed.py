@@ -1,7 +1,9 @@
-"""The examples as a new user runs them: a fresh virtualenv, a plain (not editable)
-``pip install .`` of a copy of the project, and each example run from the repository's
-``examples/`` folder with that virtualenv's Python. The legacy-API example also puts the
-source checkout on ``PYTHONPATH`` for its gateway, so running from a checkout is covered too."""
+"""The release as a new user gets it: a copy of the project built into an sdist and a wheel
+(``python -m build``, checked by ``twine check``), the wheel installed in a fresh virtualenv,
+its ``fencegate --version`` and ``fencegate demo``, and each example run from the
+repository's ``examples/`` folder with that virtualenv's Python. The legacy-API example also
+puts the source checkout on ``PYTHONPATH`` for its gateway, so running from a checkout is
+covered too."""
 
 from __future__ import annotations
 
@@ -39,7 +41,7 @@ def pip(python: Path, *args: str) -> None:
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """(python of a fresh venv with ``pip install .``, the copy it was installed from)."""
+    """(python of a fresh venv with the built wheel installed, the copy it was built from)."""
     root = tmp_path_factory.mktemp("installed")
     source = root / "source"
     source.mkdir()
@@ -48,9 +50,22 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     for folder in ("fencegate", "sql"):
         shutil.copytree(REPO_ROOT / folder, source / folder, ignore=ignore)
+    dist = root / "dist"
+    built = subprocess.run(
+        [sys.executable, "-m", "build", "--sdist", "--wheel", "--outdir", str(dist), str(source)],
+        capture_output=True, text=True, timeout=540, check=False,
+    )  # fmt: skip
+    assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
+    artifacts = sorted(str(p) for p in dist.iterdir())
+    checked = subprocess.run(
+        [sys.executable, "-m", "twine", "check", "--strict", *artifacts],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    [wheel] = dist.glob("fencegate-*.whl")
     venv.create(root / "venv", with_pip=True)
     python = root / "venv" / "bin" / "python"
-    pip(python, str(source))
+    pip(python, str(wheel))
     return python, source
 
 
@@ -66,6 +81,25 @@ def test_the_installed_package_is_not_the_source_tree(installed: tuple[Path, Pat
     done = run(python, "-c", "import fencegate; print(fencegate.__file__)", cwd=Path("/"))
     assert done.returncode == 0, done.stderr
     assert "site-packages" in done.stdout and str(REPO_ROOT) not in done.stdout
+
+
+def test_the_wheel_says_its_version_and_runs_the_demo(
+    installed: tuple[Path, Path], tmp_path: Path
+) -> None:
+    python, _ = installed
+    fencegate = python.parent / "fencegate"
+    version = subprocess.run(
+        [str(fencegate), "--version"], cwd=tmp_path, env=plain_env(), capture_output=True,
+        text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert version.returncode == 0, version.stderr
+    assert version.stdout.strip() == "fencegate 1.0.0"
+    demo = subprocess.run(
+        [str(fencegate), "demo"], cwd=tmp_path, env=plain_env(), capture_output=True,
+        text=True, timeout=180, check=False,
+    )  # fmt: skip
+    assert demo.returncode == 0, demo.stdout + demo.stderr
+    assert "412" in demo.stdout and "Traceback" not in demo.stderr
 
 
 def test_middleware_example_checks_itself_without_extras(

@@ -25,7 +25,7 @@ import httpx
 import orjson
 import pytest
 
-from fencegate.gateway.problems import PROBLEM_CONTENT_TYPE, PROBLEM_TYPE_BASE
+from fencegate.problems import PROBLEM_CONTENT_TYPE, PROBLEM_TYPE_BASE
 from fencegate.store import KeyRecord, open_gateway_store
 from fencegate.store.dburl import parse_database_url
 from tests.support.gateway import GatewayProcess

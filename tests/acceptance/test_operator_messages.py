@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import shlex
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -171,11 +172,11 @@ def test_a_lease_expired_key_is_outcome_unknown_in_the_424_and_the_commands(
         fencegate("keys", "show", key, "--json", "--database-url", store_url).stdout
     )
     assert (after["state"], after["response_status"], after["reason"]) == ("completed", 201, None)
-    if store_kind == "postgresql":
-        assert '--database-url "$FENCEGATE_DATABASE_URL"' in release
-    else:
-        path = Path(store_url.removeprefix("sqlite:///")).resolve()
-        assert f"--database-url sqlite:///{path}" in release
+    # The API client learns nothing of where the store is (a SQLite file's path used to be
+    # in the body); the operator's own FENCEGATE_DATABASE_URL names it.
+    assert '--database-url "$FENCEGATE_DATABASE_URL"' in release
+    where = store_url.removeprefix("sqlite:///") if store_kind == "sqlite" else "127.0.0.1"
+    assert where not in orjson.dumps(problem).decode()
 
 
 def test_audit_list_shows_who_did_what_and_why(store_url: str) -> None:
@@ -195,7 +196,7 @@ def test_audit_list_shows_who_did_what_and_why(store_url: str) -> None:
     assert row["before"]["state"] == "outcome_unknown"
     text = fencegate("audit", "list", "--database-url", store_url).stdout
     assert "operator:night-op" in text and "keys.resolve_released" in text
-    assert "state outcome_unknown -> None" in text
+    assert "state outcome_unknown -> released" in text and "None" not in text
 
 
 async def a_foreign_request_with_a_queue_token(url: str, token: int) -> None:
@@ -238,3 +239,23 @@ def test_a_request_is_attributed_to_a_worker_only_when_it_carries_the_jobs_ident
                   "--database-url", store_url).stdout
     )  # fmt: skip
     assert "heartbeat_lost" in [e["what"] for e in charge["events"]]
+
+
+def test_jobs_commands_offer_no_tenant_since_jobs_carry_none(sqlite_url: str) -> None:
+    """`jobs list --help` used to offer --tenant, then refuse it when used."""
+    helped = fencegate("jobs", "list", "--help")
+    assert helped.returncode == 0 and "--tenant" not in helped.stdout
+    listed = fencegate("jobs", "list", "--database-url", sqlite_url, FENCEGATE_TENANT="acme")
+    assert listed.returncode == 0, listed.stderr
+
+
+def test_serve_on_a_port_in_use_says_so_in_one_line_before_starting() -> None:
+    """It used to print "Application startup complete", then an [Errno 98] line."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        done = fencegate("serve", "--upstream", "http://127.0.0.1:9", "--port", str(port))
+    line = one_clear_line(done)
+    assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in line
+    assert "startup complete" not in done.stderr

@@ -1,23 +1,31 @@
 """Real retrying clients through `fencegate serve`, in front of a payments API that does not
 deduplicate by itself: whatever the upstream does (charges and drops the connection, answers
 after the route's timeout, fails once with a 500), the charge runs exactly once, and the
-caller's final answer says what happened. On SQLite and on PostgreSQL, default settings."""
+caller's final answer says what happened. A client polling a key whose first request is a slow
+outlier is told to wait longer each time, and gets the answer. On SQLite and on PostgreSQL,
+default settings."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
 import pytest
 import requests
 import stripe
+import urllib3
 from requests.adapters import HTTPAdapter
 from stripe.params import ChargeCreateParams
 from urllib3.util.retry import Retry
 
 from tests.support.gateway import GatewayProcess
 from tests.support.payments import PaymentsProcess
+from tests.support.upstream import UpstreamProcess
+from tests.support.waits import wait_until_sync
 
 
 @pytest.fixture(scope="module")
@@ -123,3 +131,58 @@ def test_urllib3_retries_get_one_charge_and_a_final_424(
     assert answer.status_code == 424, answer.text
     assert answer.headers["content-type"] == "application/problem+json"
     assert answer.json()["type"].endswith("/outcome-unknown")
+
+
+def test_urllib3_polling_a_slow_outlier_is_told_to_wait_longer_and_gets_the_answer(
+    store_url: str, tmp_path: Path
+) -> None:
+    """A route whose requests take milliseconds; one request takes 8 s. A second client sends
+    the same key with urllib3's ``Retry(total=5, respect_retry_after_header=True)`` retrying
+    409s: each 409 in-flight asks it to wait longer than the last once the request has
+    outlived the route's usual time, so its five retries reach the answer (a replay) instead
+    of giving up after about five seconds of ``Retry-After: 1``."""
+    waits: list[float] = []
+
+    class NotingRetry(Retry):
+        def sleep_for_retry(self, response: urllib3.BaseHTTPResponse) -> bool:
+            waits.append(self.get_retry_after(response) or 0.0)
+            return super().sleep_for_retry(response)
+
+    key = f"outlier-{uuid.uuid4().hex}"
+    headers = {"Idempotency-Key": key, "Content-Type": "application/json"}
+    with (
+        UpstreamProcess() as upstream,
+        GatewayProcess(upstream=upstream.url, database_url=store_url, workdir=tmp_path) as gw,
+        ThreadPoolExecutor(1) as pool,
+    ):
+        with httpx.Client(base_url=gw.url, timeout=10) as client:
+            for n in range(5):  # what the route usually takes
+                warm = client.post("/charges", headers={"Idempotency-Key": f"{key}-{n}"}, json={})
+                assert warm.status_code == 200, warm.text
+
+        def slow() -> httpx.Response:
+            with httpx.Client(base_url=gw.url, timeout=30) as client:
+                return client.post("/charges?delay=8", headers=headers, content=b"{}")
+
+        first = pool.submit(slow)
+        wait_until_sync(lambda: upstream.count(key) == 1, timeout=10, what="the slow request")
+        started = time.monotonic()
+        retry = NotingRetry(
+            total=5,
+            status_forcelist=[409],
+            allowed_methods=None,  # POST too: it carries an Idempotency-Key
+            respect_retry_after_header=True,
+        )
+        with urllib3.PoolManager(retries=retry) as http:
+            polled = http.request(
+                "POST", gw.url + "/charges?delay=8", body=b"{}", headers=headers, timeout=30
+            )
+        waited = time.monotonic() - started
+        assert first.result(timeout=30).status_code == 200
+        executed = upstream.count(key)
+    assert polled.status == 200, polled.data
+    assert polled.headers["idempotent-replayed"] == "true"
+    assert executed == 1
+    assert 2 <= len(waits) <= 5, waits
+    assert waits == sorted(waits) and waits[-1] >= 4, waits  # longer as the request ages
+    assert waited < 2 * 8 + 2, (waited, waits)  # and not for much longer than it took

@@ -6,12 +6,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import dataclasses
 import datetime
 import hashlib
 import hmac
 import os
 import shlex
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -514,4 +516,79 @@ def test_keys_from_the_environment_or_the_config_file(
             assert signed_send(http, GLOBEX, key).status_code == 200
             unsigned = send(http, fence_headers(key + ":unsigned"), b"{}")
             assert unsigned.status_code == 401
+    assert upstream.count(key) == 1
+
+
+@dataclasses.dataclass
+class LibraryRequest:
+    """What ``http_message_signatures`` signs: a method, a URL and the headers."""
+
+    method: str
+    url: str
+    headers: dict[str, str]
+
+
+def library_signed(url: str, key: str, body: bytes) -> dict[str, str]:
+    """Headers signed by the RFC 9421 library itself (not fencegate's signer): it takes
+    ``@target-uri`` from the URL as given."""
+    from http_message_signatures import HTTPMessageSigner, MappingKeyResolver, algorithms
+
+    headers = fence_headers(key)
+    signer = HTTPMessageSigner(
+        signature_algorithm=algorithms.HMAC_SHA256,
+        key_resolver=MappingKeyResolver(public_keys={}, private_keys={ACME.key_id: ACME_SECRET}),
+    )
+    signer.sign(
+        LibraryRequest("POST", url, headers),
+        key_id=ACME.key_id,
+        created=datetime.datetime.now(datetime.UTC),
+        nonce="lib-" + os.urandom(8).hex(),
+        covered_component_ids=(
+            "@method",
+            "@target-uri",
+            "content-digest",
+            "idempotency-key",
+            "x-execution-fence",
+            "x-execution-entity",
+        ),
+        body=body,  # the library adds Content-Digest
+    )
+    return headers
+
+
+@pytest.mark.parametrize(
+    ("signed", "sent", "status"),
+    [("/v1/q?", "/v1/q?", 200), ("/v1/q?", "/v1/q", 401), ("/v1/q", "/v1/q?", 401)],
+)
+def test_an_independent_signer_signs_a_lone_question_mark_as_sent(
+    gateway: GatewayProcess, upstream: UpstreamProcess, signed: str, sent: str, status: int
+) -> None:
+    """``/v1/q?`` is forwarded with its "?" and verified with it: a request signed by the
+    RFC 9421 library for ``/v1/q?`` goes through; a signature for one target does not pass
+    for the other."""
+    key = f"lone-question-mark:{uuid.uuid4().hex[:8]}"
+    body = b'{"title":"refund"}'
+    headers = library_signed(gateway.url + signed, key, body)
+    with httpx.Client(timeout=30) as http:
+        response = http.post(gateway.url + sent, headers=headers, content=body)
+    assert response.status_code == status, response.text
+    if status == 401:
+        assert problem_kind(response) == "signature-invalid"
+    assert upstream.count(key) == (1 if status == 200 else 0)
+
+
+def test_fencegate_signer_signs_a_lone_question_mark_as_httpx_sends_it(
+    gateway: GatewayProcess, upstream: UpstreamProcess
+) -> None:
+    """httpx sends ``/v1/q?`` as given; fencegate's own signer keeps the "?" too."""
+    key = f"own-question-mark:{uuid.uuid4().hex[:8]}"
+    body = b'{"title":"refund"}'
+    headers = fence_headers(key)
+    url = gateway.url + "/v1/q?"
+    ACME.sign("POST", url, headers, body)
+    with httpx.Client(timeout=30) as http:
+        request = http.build_request("POST", url, headers=headers, content=body)
+        assert request.url.raw_path == b"/v1/q?"
+        response = http.send(request)
+    assert response.status_code == 200, response.text
     assert upstream.count(key) == 1

@@ -1,6 +1,7 @@
 """Store trouble through `fencegate serve` processes: a database nobody migrated, a schema
-that changed under a running gateway, a table or a whole database dropped. Never a 500 and
-never a traceback to the client: 503 ``store-unavailable``, and ``/healthz`` says 503."""
+that changed under a running gateway, a table or a whole database dropped. Never a 500 for a
+store fault and never a traceback to the client: 503 ``store-unavailable``, and ``/healthz``
+says 503. (A bug in fencegate's own code is a 500: tests/integration/test_internal_errors.py.)"""
 
 from __future__ import annotations
 
@@ -176,28 +177,47 @@ def test_a_database_dropped_under_a_running_gateway_is_503(
         wait_for_status(gateway.url + "/healthz", 503, timeout=15)
 
 
-@pytest.mark.parametrize(
-    "error",
-    [
+# What each driver raises when the store cannot answer (asyncpg's protocol error seen while
+# recording an answer under load included), and what a bug in our own code raises.
+STORE_FAULTS: dict[str, list[Exception]] = {
+    "postgresql": [
         asyncpg.InternalClientError("cannot switch to state 12; another operation is in progress"),
         asyncpg.UndefinedTableError('relation "idempotency_keys" does not exist'),
+        asyncpg.AdminShutdownError("terminating connection due to administrator command"),
         ConnectionResetError(104, "Connection reset by peer"),
-        RuntimeError("cannot schedule new futures after shutdown"),
     ],
-    ids=["protocol", "schema", "connection", "executor"],
-)
-async def test_every_error_at_the_store_boundary_is_store_unavailable(
-    store: GatewayStore, error: Exception
-) -> None:
-    """Whatever the driver raises while the store runs a statement (asyncpg's protocol error
-    seen while recording an answer under load included) reads as the store failing."""
+    "sqlite": [
+        sqlite3.OperationalError("database is locked"),
+        sqlite3.OperationalError("no such table: fencegate_idempotency_keys"),
+        ConnectionResetError(104, "Connection reset by peer"),
+    ],
+}
+BUGS = [KeyError("fingerprint"), RuntimeError("cannot schedule new futures"), ValueError("x")]
 
+
+def _raising(error: Exception) -> Any:
     def fail(conn: object) -> Any:
         raise error
 
-    with pytest.raises(StoreUnavailable) as raised:
-        await store._db.run(fail, timeout=5)  # type: ignore[attr-defined]
-    assert type(error).__name__ in str(raised.value)
+    return fail
+
+
+async def test_every_store_fault_at_the_boundary_is_store_unavailable(
+    store: GatewayStore,
+) -> None:
+    """Whatever the driver raises when the store cannot answer reads as the store failing."""
+    for error in STORE_FAULTS[store.kind]:
+        with pytest.raises(StoreUnavailable) as raised:
+            await store._db.run(_raising(error), timeout=5)  # type: ignore[attr-defined]
+        assert type(error).__name__ in str(raised.value)
+
+
+async def test_a_bug_at_the_store_boundary_is_not_store_unavailable(store: GatewayStore) -> None:
+    """A fault of our own code is not dressed as an outage: it propagates as it is."""
+    for error in BUGS:
+        with pytest.raises(type(error)) as raised:
+            await store._db.run(_raising(error), timeout=5)  # type: ignore[attr-defined]
+        assert raised.value is error
 
 
 class GatewayOnSmallDisk(GatewayProcess):

@@ -15,8 +15,8 @@ from starlette.routing import Route
 
 from fencegate import FenceGateMiddleware
 from fencegate.gateway.fingerprint import request_fingerprint
-from fencegate.gateway.problems import Problem
 from fencegate.gateway.routes import EntityRule, RoutePolicy
+from fencegate.problems import Problem
 from fencegate.store import DecideRequest, GatewayStore, Outcome
 from fencegate.types import IncomingRequest, NonceStore
 from tests.support.asgi import Answer, call
@@ -76,6 +76,18 @@ async def test_sorted_query_is_the_same_request(echo: EchoApp, store: GatewaySto
     await call(app, "POST", "/q", headers=keyed("k"), query="a=1&b=2")
     again = await call(app, "POST", "/q", headers=keyed("k"), query="b=2&a=1")
     assert again.header("idempotent-replayed") == "true"
+    assert echo.calls["k"] == 1
+
+
+async def test_a_repeated_parameter_in_another_order_is_another_request(
+    echo: EchoApp, store: GatewayStore
+) -> None:
+    app = gateway(echo, store)
+    await call(app, "POST", "/q", headers=keyed("k"), query="a=1&b=3&a=2")
+    same = await call(app, "POST", "/q", headers=keyed("k"), query="b=3&a=1&a=2")
+    assert same.header("idempotent-replayed") == "true"
+    other = await call(app, "POST", "/q", headers=keyed("k"), query="a=2&b=3&a=1")
+    assert_problem(other, 422, "key-reused")
     assert echo.calls["k"] == 1
 
 
@@ -242,8 +254,17 @@ async def test_missing_key_is_400_and_missing_fence_is_428(
 ) -> None:
     fenced = RoutePolicy(prefix="/fenced", fence_required=True)
     app = gateway(echo, store, fenced)
-    assert_problem(await call(app, "POST", "/pay"), 400, "key-required")
-    assert_problem(await call(app, "POST", "/fenced/x", headers=keyed("k")), 428, "fence-required")
+    missing_key = assert_problem(
+        await call(app, "POST", "/payments/inv-9/capture"), 400, "key-required"
+    )
+    # The request as sent, not the route's prefix ("POST / requires ...").
+    assert (
+        missing_key["detail"] == "POST /payments/inv-9/capture requires an Idempotency-Key header"
+    )
+    missing_fence = assert_problem(
+        await call(app, "POST", "/fenced/x", headers=keyed("k")), 428, "fence-required"
+    )
+    assert missing_fence["detail"] == "POST /fenced/x requires an X-Execution-Fence header"
     assert sum(echo.calls.values()) == 0
 
 

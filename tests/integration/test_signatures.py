@@ -17,7 +17,7 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 from http_message_signatures import ContentDigest
 
 from fencegate.gateway.middleware import FenceGateMiddleware
-from fencegate.gateway.problems import Problem
+from fencegate.problems import Problem
 from fencegate.signing import HttpSigner, SignatureAuthenticator, load_authenticator
 from fencegate.store import GatewayStore
 from fencegate.types import IncomingRequest, Receive, Scope, Send
@@ -318,7 +318,7 @@ def test_short_hmac_secrets_are_refused() -> None:
         HttpSigner(key_id="k", secret=os.urandom(16))
 
 
-# The test vector printed in the README for implementers in other languages.
+# The test vector printed in docs/guides/signing.md for implementers in other languages.
 VECTOR_BODY = b'{"customer_id":"c-1048","subject":"refund"}'
 VECTOR_BASE = (
     '"@method": POST\n'

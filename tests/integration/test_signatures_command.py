@@ -63,16 +63,23 @@ def parse_headers(text: str) -> list[tuple[str, str]]:
 
 
 @pytest.mark.parametrize("alg", ["hmac-sha256", "ed25519"])
+@pytest.mark.parametrize("say_alg", [True, False], ids=["--alg", "alg-from-key-file"])
 async def test_a_new_key_signs_requests_the_gateway_accepts(
-    tmp_path: Path, alg: str, capsys: pytest.CaptureFixture[str], store: GatewayStore
+    tmp_path: Path,
+    alg: str,
+    say_alg: bool,
+    capsys: pytest.CaptureFixture[str],
+    store: GatewayStore,
 ) -> None:
+    """With or without ``--alg``: the key file says what it is (a PEM key is Ed25519)."""
     secret, keys = new_key(tmp_path, alg, capsys)
     assert stat.S_IMODE(secret.stat().st_mode) == 0o600
     assert secret.read_bytes().strip().decode() not in keys.read_text()  # the entry names the file
     auth = load_authenticator(str(keys))
     assert isinstance(auth, SignatureAuthenticator)
 
-    argv = ["--key-id", f"k-{alg}", "--alg", alg, "--secret-file", str(secret), "-d", '{"a":1}']
+    argv = ["--key-id", f"k-{alg}", "--secret-file", str(secret), "-d", '{"a":1}']
+    argv += ["--alg", alg] if say_alg else []
     argv += [
         "--idempotency-key",
         "job:1:create",
@@ -110,6 +117,18 @@ async def test_a_new_key_signs_requests_the_gateway_accepts(
         body=b'{"a":1}',
     )
     assert await auth.authenticate(request, store) == "acme"
+
+
+def test_an_alg_the_key_file_contradicts_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    secret, _ = new_key(tmp_path, "ed25519", capsys)
+    argv = ["--key-id", "k-ed25519", "--alg", "hmac-sha256", "--secret-file", str(secret), URL]
+    with pytest.raises(CommandError) as refused:
+        run(argv)
+    assert "holds an ed25519 private key (PEM)" in str(refused.value)
+    assert "--alg ed25519" in str(refused.value)
+    assert capsys.readouterr().out == ""  # nothing signed
 
 
 def test_curl_output_carries_the_signed_headers_and_body(

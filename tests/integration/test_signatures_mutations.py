@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from fencegate.gateway.problems import Problem
+from fencegate.problems import Problem
 from fencegate.signing import HttpSigner, SignatureAuthenticator, load_authenticator
 from fencegate.store import open_gateway_store
 from fencegate.store.migrations import migrate

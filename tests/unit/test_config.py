@@ -85,6 +85,15 @@ def test_precedence_is_command_line_then_environment_then_file(
         ('[gateway]\nstore_timeout = "soon"', "gateway.store_timeout: Input should be a valid"),
         ('[gateway]\nlisten = 1', "gateway.listen: Extra inputs are not permitted"),
         ('[server]\nport = 1', "server: Extra inputs are not permitted"),
+        # A typo gets the closest real name.
+        ('[[routes]]\non_unknwon = "retry"',
+         "routes[0].on_unknwon: Extra inputs are not permitted; did you mean 'on_unknown'?"),
+        ('[[routes]]\nmethod = ["POST"]',
+         "routes[0].method: Extra inputs are not permitted; did you mean 'methods'?"),
+        ('[gateway]\nstore_timout = 2',
+         "gateway.store_timout: Extra inputs are not permitted; did you mean 'store_timeout'?"),
+        ('[rotues]\nprefix = "/"',
+         "rotues: Extra inputs are not permitted; did you mean 'routes'?"),
         ("[[routes]\n", "not valid TOML"),
     ],
 )  # fmt: skip

@@ -15,24 +15,33 @@ def test_timeouts_and_limit_come_from_the_environment_and_the_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     config = tmp_path / "gateway.toml"
-    config.write_text("[gateway]\nidle_timeout = 7\nmax_connections = 500\n", encoding="utf-8")
+    config.write_text(
+        "[gateway]\nidle_timeout = 7\nbody_timeout = 4\nmax_connections = 500\n",
+        encoding="utf-8",
+    )
     monkeypatch.setenv("FENCEGATE_HEADER_TIMEOUT", "3.5")
     settings = load_config({"config": str(config), "max_connections": 300}).settings
-    assert (settings.header_timeout, settings.idle_timeout, settings.max_connections) == (
-        3.5,
-        7.0,
-        300,
-    )
+    assert (
+        settings.header_timeout,
+        settings.idle_timeout,
+        settings.body_timeout,
+        settings.max_connections,
+    ) == (3.5, 7.0, 4.0, 300)
+    monkeypatch.setenv("FENCEGATE_BODY_TIMEOUT", "2.5")
+    assert load_config({"config": str(config)}).settings.body_timeout == 2.5
+    assert load_config({"config": str(config), "body_timeout": 1}).settings.body_timeout == 1
 
 
 def test_the_defaults_close_a_stuck_connection_within_30_seconds() -> None:
     settings = load_config({}).settings
     assert settings.header_timeout <= 30 and settings.idle_timeout <= 30
+    assert settings.body_timeout == 10
 
 
-def test_a_timeout_of_zero_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("FENCEGATE_HEADER_TIMEOUT", "0")
-    with pytest.raises(ConfigError, match="header_timeout"):
+@pytest.mark.parametrize("name", ["header_timeout", "body_timeout"])
+def test_a_timeout_of_zero_is_refused(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(f"FENCEGATE_{name.upper()}", "0")
+    with pytest.raises(ConfigError, match=name):
         load_config({})
 
 

@@ -6,9 +6,9 @@ import fencegate
 from fencegate import FencegateError
 from fencegate.cli import CommandError
 from fencegate.gateway.config import ConfigError
-from fencegate.gateway.problems import Problem
 from fencegate.lease import errors as lease_errors
 from fencegate.lease.execution import OwnershipLost, OwnershipUnknown, PermanentError
+from fencegate.problems import Problem
 from fencegate.signing import KeyConfigError
 from fencegate.store import StoreUnavailable
 from fencegate.store.schema import SchemaMismatch

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from fencegate.gateway.headers import parse_entity, parse_fence, parse_idempotency_key
-from fencegate.gateway.problems import Problem
+from fencegate.problems import Problem
 
 
 @pytest.mark.parametrize(

@@ -1,10 +1,12 @@
-"""The names a user imports keep working: every ``from fencegate… import …`` in the README's
-code, the old spellings kept as aliases, and one error root under every public exception."""
+"""The names a user imports keep working: every ``from fencegate… import …`` in the code of the
+README and of the documentation site, the contract's spelling of the middleware, and one error
+root under every public exception."""
 
 from __future__ import annotations
 
 import ast
 import importlib
+import importlib.util
 import inspect
 import pkgutil
 import re
@@ -13,13 +15,16 @@ from pathlib import Path
 import fencegate
 from fencegate import FencegateError
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 
 def readme_imports() -> list[tuple[str, str]]:
-    """(module, name) for every name the README's Python blocks import from fencegate."""
+    """(module, name) for every name the Python blocks of the README and the documentation
+    import from fencegate."""
     names: list[tuple[str, str]] = []
-    for block in re.findall(r"```python\n(.*?)```", README.read_text(), re.S):
+    text = "\n".join(page.read_text(encoding="utf-8") for page in PAGES)
+    for block in re.findall(r"```python\n(.*?)```", text, re.S):
         for line in block.splitlines():
             if not line.startswith("from fencegate"):
                 continue
@@ -31,22 +36,18 @@ def readme_imports() -> list[tuple[str, str]]:
 
 def test_every_name_the_readme_imports_exists() -> None:
     names = readme_imports()
-    assert ("fencegate", "FencegateMiddleware") in names  # the README's middleware example
+    assert ("fencegate", "FencegateMiddleware") in names  # the middleware example
+    assert ("fencegate.lease", "Worker") in names  # the workers guide
     for module, name in names:
         assert hasattr(importlib.import_module(module), name), f"from {module} import {name}"
 
 
-def test_old_spellings_are_the_same_objects() -> None:
-    from fencegate.commands import actions as old_actions
-    from fencegate.gateway.problems import Problem as GatewayProblem
-    from fencegate.problems import Problem
-
+def test_the_contract_spelling_is_the_same_object_and_the_old_modules_are_gone() -> None:
+    """DESIGN §4 spells the middleware ``FenceGateMiddleware``; the shims of pre-1.0 module
+    paths are gone (their names live in fencegate.problems and fencegate.operator_actions)."""
     assert fencegate.FenceGateMiddleware is fencegate.FencegateMiddleware
-    assert GatewayProblem is Problem
-    import fencegate.operator_actions as operator_actions
-
-    for name in old_actions.__all__:
-        assert getattr(old_actions, name) is getattr(operator_actions, name)
+    for gone in ("fencegate.gateway.problems", "fencegate.commands.actions"):
+        assert importlib.util.find_spec(gone) is None, gone
 
 
 def _modules() -> list[str]:

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from fencegate.store.queries import StoreKind, parse_queries, queries
+from fencegate.store.dburl import StoreKind
+from fencegate.store.queries import parse_queries, queries
 
 PACKAGE = Path(__file__).resolve().parents[2] / "fencegate"
 
@@ -18,6 +19,8 @@ DRIVERS: list[tuple[str, StoreKind, str]] = [
     ("store/sqlite.py", "sqlite", "Q"),
     ("lease/drivers/postgres.py", "postgresql", "Q"),
     ("lease/drivers/sqlite.py", "sqlite", "Q"),
+    ("store/reconcile.py", "postgresql", "PG"),
+    ("store/reconcile.py", "sqlite", "LITE"),
     # What both gateway stores do alike runs each store's queries of the same names.
     ("store/base.py", "postgresql", "self.queries"),
     ("store/base.py", "sqlite", "self.queries"),

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fencegate.gateway.problems import Problem
 from fencegate.gateway.target import Target, parse_target, parse_target_fully
+from fencegate.problems import Problem
 
 # (sent, what the upstream of old saw): every one of these changed on the way.
 REFUSED = [

@@ -2,21 +2,22 @@
 distributed by tenant (Citus) and each statement routed to one shard: the named statements
 of sql/postgres/queries/gateway.sql and every statement in the newest fencegate_step.
 
-The statements that span tenants on purpose are listed, with why (see the README's
-capacity model): expiry purges, run by the gateway's purger and `fencegate purge`, which a
-distributed table runs on every shard in parallel."""
+The statements that span tenants on purpose are listed, with why (see the capacity model,
+docs/operations/capacity.md): expiry purges, run by the gateway's purger and `fencegate purge`,
+which a distributed table runs on every shard in parallel."""
 
 from __future__ import annotations
 
 import re
 
-from fencegate.store.migrations import migration_files
+from fencegate.store.migrations import function_files
 from fencegate.store.queries import queries
 
 TENANT_TABLES = ("fencegate_idempotency_keys", "fencegate_fences", "fencegate_decisions")
 
-# Statements meant to span tenants: maintenance by expiry time, not a request's decision.
-SPANS_TENANTS = {"purge_keys", "purge_fences", "purge_decisions"}
+# Statements meant to span tenants: maintenance by expiry time, not a request's decision;
+# and the reconciler's poll for due keys (it settles each by its tenant and key).
+SPANS_TENANTS = {"purge_keys", "purge_fences", "purge_decisions", "reconcile_claim"}
 
 
 def touched_tables(sql: str) -> set[str]:
@@ -44,9 +45,11 @@ def tenant_filtered(statement: str) -> bool:
 
 
 def step_statements() -> list[str]:
-    """The SQL statements in the body of the newest fencegate_step."""
-    newest = [sql for _, sql in migration_files("postgresql") if "FUNCTION fencegate_step(" in sql]
-    body = newest[-1].split("$$")[1]
+    """The SQL statements in the body of fencegate_step (its one file)."""
+    [step] = [
+        sql for record, sql in function_files("postgresql") if "/fencegate_step.sql@" in record
+    ]
+    body = step.split("$$")[1]
     statements = re.split(r";\s*\n", body)
     return [
         s

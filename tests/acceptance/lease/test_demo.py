@@ -37,7 +37,8 @@ def test_demo_tells_the_whole_story(tmp_path: Path) -> None:
         < first("W2  result_committed")
         < first("W1  late request")
     )
-    assert "extend               token=1 -> None" in out
+    assert "extend               token=1 -> lost (no longer the owner)" in out
+    assert "None" not in out
     assert "complete             token=1 -> False" in out
     assert "412 stale-fence" in out
     assert "outcome lease_expired" in out and "outcome succeeded" in out

@@ -1,5 +1,6 @@
-"""Why the README says synchronous replication: the same cluster with Patroni's default
-asynchronous replication loses acknowledged decisions in a failover.
+"""Why the documentation says synchronous replication (docs/operations/high-availability.md):
+the same cluster with Patroni's default asynchronous replication loses acknowledged decisions
+in a failover.
 
 The gateway starts with one warning line naming the risk. Retrying clients send keyed, fenced
 charges; the primary's WAL sender is paused (SIGSTOP: a standby a moment behind, as under

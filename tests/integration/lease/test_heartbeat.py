@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -14,6 +15,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from fencegate.lease import Lease, LeaseQueue
+from fencegate.lease.drivers import postgres as postgres_driver
+from fencegate.lease.drivers import sqlite as sqlite_driver
 from fencegate.lease.events import EventLog
 from fencegate.lease.execution import Execution, OwnershipUnknown
 from fencegate.lease.heartbeat import HeartbeatController
@@ -270,3 +273,42 @@ async def test_a_tool_stuck_past_its_timeout_is_not_kept_alive(
     assert events.named("result_committed") == []
     job = await queue.get(job_id)
     assert job.owner_id == "rival" and job.result is None
+
+
+async def test_a_bug_in_the_renewal_is_not_reported_as_ownership_unknown(
+    store_url: str, queue: LeaseQueue, monkeypatch: Any, caplog: Any
+) -> None:
+    """A renewal statement of ours that is wrong (here: a syntax error, on the real server) is
+    a bug, not an unreachable store: the worker gives the lease up at once (reason
+    ``internal_error``, traceback logged) instead of waiting it out as "ownership unknown"."""
+    caplog.set_level(logging.ERROR, logger="fencegate.worker")
+    if store_url.startswith("sqlite"):
+        monkeypatch.setattr(sqlite_driver.Q, "lease_extend", "SELEC broken", raising=False)
+    else:
+        monkeypatch.setattr(postgres_driver.Q, "lease_extend_many", "SELEC broken", raising=False)
+    cancelled = asyncio.Event()
+
+    async def long_call(job: JobContext) -> str:
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        return "never"
+
+    job_id = await queue.enqueue(
+        "long", {}, idempotency_key="long:bug", lease_seconds=30, heartbeat_seconds=0.3,
+        jitter_seconds=1,
+    )  # fmt: skip
+    worker = make_worker(store_url, {"long": long_call})
+    events = worker.events
+    async with running(worker):
+        await asyncio.wait_for(cancelled.wait(), 20)  # long before the 30 s lease ends
+        await wait_until(lambda: events.named("result_rejected"), what="the result refused")
+    flow = names(events.for_job(job_id))
+    assert "heartbeat_failed" not in flow and "ownership_unknown" not in flow
+    [lost] = events.named("heartbeat_lost")
+    assert lost["reason"] == "internal_error"
+    assert lost["error"] in ("PostgresSyntaxError", "OperationalError")
+    logged = [r for r in caplog.records if "internal error in heartbeat" in r.getMessage()]
+    assert logged and logged[0].exc_info is not None

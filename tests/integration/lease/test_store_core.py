@@ -80,22 +80,37 @@ async def test_a_queue_works_in_the_schema_its_url_names(pg_url: str) -> None:
         await conn.close()
 
 
-async def test_a_server_error_is_store_unavailable_not_a_driver_exception(pg_url: str) -> None:
+async def test_a_server_error_of_our_sql_is_a_bug_not_store_unavailable(pg_url: str) -> None:
+    """A statement that fails on the server because of what it says (here a division by
+    zero) is a bug, not an outage: it propagates as the driver's exception, and the
+    connection, which is sound, is kept. A connection the server closed is an outage."""
     assert lease_errors.StoreUnavailable is StoreUnavailable
     db = await PgDatabase.connect(
         parse_database_url(pg_url), application_name="test", min_size=1, max_size=1
     )
     try:
-        failed: BaseException | None = None
+        pid = await db.run(lambda conn: conn.fetchval("SELECT pg_backend_pid()"), timeout=5)
         try:
             await db.run(
                 lambda conn: conn.execute("SELECT 1 / (SELECT count(*) FROM fencegate_jobs)"),
                 timeout=5,
             )
+        except asyncpg.DivisionByZeroError:
+            pass
+        else:
+            raise AssertionError("the division by zero was not raised")
+        assert await db.run(lambda conn: conn.fetchval("SELECT pg_backend_pid()"), timeout=5) == pid
+
+        async def killed(conn: asyncpg.Connection) -> None:
+            await conn.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+
+        try:
+            await db.run(killed, timeout=5)
         except StoreUnavailable as exc:
-            failed = exc
-        assert failed is not None and isinstance(failed.__cause__, asyncpg.PostgresError)
-        # The pool replaced the connection it closed: the next call works.
+            assert isinstance(exc.__cause__, asyncpg.PostgresError | OSError)
+        else:
+            raise AssertionError("a terminated connection was not StoreUnavailable")
+        # The pool replaced the connection it lost: the next call works.
         assert await db.run(lambda conn: conn.fetchval("SELECT 2"), timeout=5) == 2
     finally:
         await db.close()

@@ -1,2 +1,0 @@
--- Nothing to create on SQLite: the release rule (see the PostgreSQL migration of the same
--- name) is fencegate/store/release_rule.py.

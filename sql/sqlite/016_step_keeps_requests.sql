@@ -1,1 +1,0 @@
--- Nothing to change on SQLite: its step is fencegate/store/sqlite.py.
