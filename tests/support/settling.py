@@ -178,12 +178,21 @@ class CommandResult:
     stderr: str
 
 
+# What `keys resolve` says when the release rule refuses, and the rule's name for it.
+REFUSALS = {
+    "live lease": "lease_live",
+    "is alive": "owner_alive",
+    "release margin": "release_margin",
+    "nothing to release": "not_unknown",
+}
+
+
 def refusal_reason(stderr: str) -> str:
     """A short name for why `keys resolve` refused, for the tallies."""
-    for word in ("owner_alive", "lease_live", "release_margin", "not in an unknown state"):
-        if word.replace("_", " ") in stderr.replace("_", " "):
-            return word
-    return stderr.splitlines()[-1][:80] if stderr else "no message"
+    for words, reason in REFUSALS.items():
+        if words in stderr:
+            return reason
+    return stderr.strip().splitlines()[-1][:80] if stderr.strip() else "no message"
 
 
 async def until_answered(
