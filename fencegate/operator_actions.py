@@ -1,9 +1,10 @@
 """The operator's actions, shared by the command line and the web console (both import this
 module; it imports neither).
 
-Each action goes through the rule's own home (the gateway store resolves a key, the lease
-queue cancels or retries a job) and leaves one audit record: who, what, why, and the state
-before and after. The callers open the stores; this module only acts.
+Each action goes through the rule's own home (the gateway store resolves a key under the
+release rule, the lease queue cancels or retries a job) and leaves one audit record, written
+in the action's own transaction: who, what, why, and the state before and after. The callers
+open the stores; this module only acts.
 """
 
 from __future__ import annotations
@@ -13,10 +14,13 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from fencegate.lease import LeaseQueue
-from fencegate.store import GatewayStore, KeyRecord, ResolveResult, StoredResponse
+from fencegate.lease import JobNotFound, LeaseQueue
+from fencegate.store import GatewayStore, KeyRecord, Resolution, StoredResponse
+from fencegate.store.audit import AuditEntry
 from fencegate.store.inspect import Inspector, Row
 from fencegate.store.key_states import operator_state
+from fencegate.store.release import ReleaseBlocker, utc
+from fencegate.store.release_rule import DEFAULT_RELEASE_MARGIN, gateway_instance
 
 
 def stored_answer(status: int, body: bytes, content_type: str) -> StoredResponse:
@@ -33,31 +37,45 @@ def stored_answer(status: int, body: bytes, content_type: str) -> StoredResponse
 
 async def resolve_key(
     store: GatewayStore,
-    inspector: Inspector,
     *,
     tenant: str,
     key: str,
     answer: StoredResponse | None,
     actor: str,
     reason: str | None,
+    margin: float = DEFAULT_RELEASE_MARGIN,
+    force: bool = False,
     timeout: float,
-) -> ResolveResult:
-    """Record ``answer`` for an unknown key (None: release it), and audit it."""
-    before = await store.get_key(tenant, key, timeout=timeout)
-    result = await store.resolve_key(tenant, key, answer, resolved_by=actor, timeout=timeout)
-    if result in (ResolveResult.COMPLETED, ResolveResult.RELEASED):
-        after = await store.get_key(tenant, key, timeout=timeout)
-        await inspector.audit(
+) -> Resolution:
+    """Record ``answer`` for a key whose outcome is unknown (None: release it), when the
+    release rule allows it (``margin``: the release margin in seconds) or ``force`` says to,
+    with its audit record in the same transaction. A refusal (`ResolveResult.BLOCKED`) is
+    explained by `refusal`."""
+
+    def audit(done: Resolution) -> AuditEntry:
+        action = "keys.resolve_forced" if done.forced else f"keys.resolve_{done.result.value}"
+        return AuditEntry(
             actor=actor,
-            action=f"keys.resolve_{result.value}",
+            action=action,
             tenant=tenant,
             subject=key,
             reason=reason,
-            before=key_fields(before) if before is not None else None,
-            after=key_fields(after) if after is not None else None,
-            timeout=timeout,
+            before=key_fields(done.before) if done.before is not None else None,
+            after=key_fields(done.after) if done.after is not None else None,
         )
-    return result
+
+    return await store.resolve_key(
+        tenant, key, answer, resolved_by=actor, margin=margin, force=force, audit=audit,
+        timeout=timeout,
+    )  # fmt: skip
+
+
+def refusal(resolution: Resolution, *, force_hint: str = "use --force") -> str:
+    """Why a resolve was refused, and when it becomes safe, in one sentence."""
+    blocker = ReleaseBlocker.of(resolution.before) if resolution.before is not None else None
+    if blocker is None:
+        return "its gateway's state changed while it was checked: try again"
+    return blocker.explain(force_hint=force_hint)
 
 
 def when(value: Any) -> Any:
@@ -111,29 +129,22 @@ async def _job_action(
     reason: str | None,
     timeout: float,
 ) -> Row | None:
-    """``act`` (a `LeaseQueue` method) on one job, audited with the job before and after;
-    None when there is no such job or ``act`` left it as it was."""
-    before = await inspector.job(job_id, timeout=timeout)
-    if before is None:
-        return None
-    if not await act(job_id, timeout=timeout):
-        return None
-    after = await inspector.job(job_id, timeout=timeout)
-    await inspector.audit(
-        actor=actor,
-        action=action,
-        subject=str(job_id),
-        reason=reason,
-        before=_job_summary(before),
-        after=_job_summary(after) if after else None,
-        timeout=timeout,
-    )
-    return after
+    """``act`` (a `LeaseQueue` method) on one job, audited with the job before and after in
+    the action's own transaction; None when there is no such job or ``act`` left it as it
+    was."""
 
+    def audit(before: Row, after: Row) -> AuditEntry:
+        return AuditEntry(
+            actor=actor, action=action, subject=str(job_id), reason=reason, before=before,
+            after=after,
+        )  # fmt: skip
 
-def _job_summary(job: Row) -> Row:
-    fields = ("id", "kind", "state", "attempt", "max_attempts", "fencing_token", "owner_id")
-    return {k: job[k] for k in fields}
+    try:
+        if not await act(job_id, audit=audit, timeout=timeout):
+            return None
+    except JobNotFound:
+        return None
+    return await inspector.job(job_id, timeout=timeout)
 
 
 async def key_history(inspector: Inspector, *, tenant: str, key: str, timeout: float) -> list[Row]:
@@ -167,4 +178,45 @@ def key_fields(record: KeyRecord) -> dict[str, object]:
         "completed_at": when(record.completed_at),
         "expires_at": when(record.expires_at),
         "response_status": record.response_status,
+        # The request as routed, the limit that fired, and how its unknown outcome ended.
+        "method": record.method,
+        "target": record.target,
+        "unknown_reason": record.unknown_reason,
+        "resolution": record.resolution,
+        **release_fields(record),
+        **reconcile_fields(record),
+    }
+
+
+def release_fields(record: KeyRecord) -> dict[str, object]:
+    """Who may settle the key and when: its gateway process and whether it heartbeats, and
+    the release rule's answer in words with the time releasing becomes safe."""
+    gateway = gateway_instance(record.owner) if record.state != "completed" else ""
+    alive = record.gateway_alive_until is not None and record.gateway_alive_until > record.now
+    fields: dict[str, object] = {
+        "gateway": gateway or None,
+        "gateway_alive": alive if gateway else None,
+        "gateway_heartbeat_at": when(record.gateway_heartbeat_at) if gateway else None,
+    }
+    if record.state == "completed":
+        return fields | {"release": None, "release_safe_from": None}
+    blocker = ReleaseBlocker.of(record)
+    if blocker is None:
+        words = f"safe now (release margin {record.release_margin:g} s)"
+        return fields | {"release": words, "release_safe_from": None}
+    safe = blocker.safe_from
+    return fields | {
+        "release": f"not yet: {blocker.explain(force_hint='force it (audited)')}",
+        "release_safe_from": utc(safe) if safe is not None else None,
+    }
+
+
+def reconcile_fields(record: KeyRecord) -> dict[str, object]:
+    """The reconciler's schedule for the key, when it has one."""
+    if record.reconcile_after is None and not record.reconcile_tries and not record.reconcile_note:
+        return {}
+    return {
+        "reconcile_after": when(record.reconcile_after),
+        "reconcile_tries": record.reconcile_tries,
+        "reconcile_note": record.reconcile_note,
     }

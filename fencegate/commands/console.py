@@ -12,6 +12,7 @@ import os
 
 from fencegate.commands.existing_store import require_existing_store
 from fencegate.commands.migrate import add_database_url, run_on_store
+from fencegate.commands.output import add_release_margin
 from fencegate.console.auth import TokenConfigError, load_tokens
 from fencegate.errors import CommandError
 from fencegate.store.inspect import Inspector
@@ -45,6 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--refresh-seconds", type=int, default=15, help="read pages reload this often (0: never)"
     )
+    add_release_margin(parser)
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds for the store")
 
 
@@ -79,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
         tokens=tokens,
         show_payloads=args.show_payloads,
         refresh_seconds=args.refresh_seconds,
+        release_margin=args.release_margin,
         timeout=args.timeout,
     )
     print(f"fencegate console on http://{args.host}:{args.port}/ ({len(tokens)} tokens)",

@@ -6,6 +6,11 @@ upstream timed out, or the gateway holding it stopped before recording. The gate
 such a key with 424 ``outcome-unknown`` and never forwards it again on its own. The operator
 finds out what really happened upstream, then either records that answer (``--completed``:
 every retry replays it) or releases the key (``--release``: the next request runs again).
+
+Both only once no copy of the request can still reach the upstream (the release rule,
+docs/operations/safe-release.md): its gateway is not alive, and its lease ended (or its
+outcome became unknown) longer ago than the release margin. Otherwise the command refuses,
+saying why and from when it is safe; ``--force`` overrides it, and is audited as such.
 """
 
 from __future__ import annotations
@@ -19,14 +24,22 @@ from fencegate.commands.migrate import add_database_url, run_on_store
 from fencegate.commands.output import (
     add_actor,
     add_common,
+    add_release_margin,
     print_fields,
     print_json,
     print_table,
 )
 from fencegate.errors import CommandError
-from fencegate.operator_actions import key_fields, key_history, resolve_key, stored_answer
+from fencegate.operator_actions import (
+    key_fields,
+    key_history,
+    refusal,
+    resolve_key,
+    stored_answer,
+)
 from fencegate.store import (
     KeyRecord,
+    Resolution,
     ResolveResult,
     StoredResponse,
     open_gateway_store,
@@ -54,8 +67,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     listing.add_argument("--cursor", help="the cursor a previous page printed")
     listing.add_argument("--limit", type=int, default=50, help="keys per page (default 50)")
 
-    show = actions.add_parser("show", help="one key: state, holder, attempt, times, history")
+    show = actions.add_parser(
+        "show", help="one key: state, request, holder, when it may be released, history"
+    )
     _common(show)
+    add_release_margin(show)
     show.add_argument("--json", action="store_true", help="one JSON object instead of a table")
 
     resolve = actions.add_parser(
@@ -75,6 +91,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     resolve.add_argument(
         "--content-type", default="application/json", help="the answer's Content-Type"
+    )
+    add_release_margin(resolve)
+    resolve.add_argument(
+        "--force",
+        action="store_true",
+        help="skip the release rule (a copy of the request may still reach the upstream and "
+        "run again); audited as keys.resolve_forced",
     )
     add_actor(resolve)
 
@@ -98,22 +121,24 @@ def _common(parser: argparse.ArgumentParser) -> None:
 async def _show(args: argparse.Namespace) -> KeyRecord | None:
     store = await open_gateway_store(args.database_url, run_migrations=False, pool_max_size=1)
     try:
-        return await store.get_key(args.tenant, args.key, timeout=args.timeout)
+        return await store.get_key(
+            args.tenant, args.key, margin=args.release_margin, timeout=args.timeout
+        )
     finally:
         await store.close()
 
 
-async def _resolve(args: argparse.Namespace, answer: StoredResponse | None) -> ResolveResult:
-    """Resolve the key, and record who did it, why, and the key before and after."""
+async def _resolve(args: argparse.Namespace, answer: StoredResponse | None) -> Resolution:
+    """Resolve the key under the release rule, with the audit record (who did it, why, and
+    the key before and after) in the same transaction."""
     store = await open_gateway_store(args.database_url, run_migrations=False, pool_max_size=1)
-    inspector = await Inspector.open(args.database_url, timeout=args.timeout)
     try:
         return await resolve_key(
-            store, inspector, tenant=args.tenant, key=args.key, answer=answer,
-            actor=f"operator:{args.by}", reason=args.reason, timeout=args.timeout,
+            store, tenant=args.tenant, key=args.key, answer=answer,
+            actor=f"operator:{args.by}", reason=args.reason, margin=args.release_margin,
+            force=args.force, timeout=args.timeout,
         )  # fmt: skip
     finally:
-        await inspector.close()
         await store.close()
 
 
@@ -181,13 +206,17 @@ def run(args: argparse.Namespace) -> int:
         answer = stored_answer(args.status, _read_body(args.body), args.content_type)
     elif args.status is not None or args.body:
         raise CommandError("--status and --body go with --completed, not --release")
-    result = run_on_store(_resolve(args, answer))
+    done = run_on_store(_resolve(args, answer))
+    result = done.result
     if result is ResolveResult.NOT_FOUND:
         raise CommandError(f"no key {args.key!r} for tenant {args.tenant!r}")
     if result is ResolveResult.NOT_UNKNOWN:
         raise CommandError(
-            f"key {args.key!r} is not in an unknown state (it is completed, or still in "
-            "flight under a live lease): left as it is"
+            f"key {args.key!r} is completed: there is nothing to release or record; left as it is"
         )
-    print(f"key {args.key!r} (tenant {args.tenant!r}) {result.value}")
+    if result is ResolveResult.BLOCKED:
+        what = "released" if answer is None else "resolved"
+        raise CommandError(f"key {args.key!r} not {what}: {refusal(done)}")
+    forced = " (forced: the release rule was skipped)" if done.forced else ""
+    print(f"key {args.key!r} (tenant {args.tenant!r}) {result.value}{forced}")
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import getpass
+import math
 import os
 import socket
 import sys
@@ -15,6 +16,7 @@ import orjson
 
 from fencegate.commands.migrate import add_database_url
 from fencegate.operator_actions import when
+from fencegate.store.release_rule import DEFAULT_RELEASE_MARGIN
 
 # Columns whose values are epoch seconds.
 _TIMES = frozenset(
@@ -47,6 +49,28 @@ def add_actor(parser: argparse.ArgumentParser) -> None:
         help="who does it, for the audit record (default user@host)",
     )
     parser.add_argument("--reason", help="why, for the audit record")
+
+
+def add_release_margin(parser: argparse.ArgumentParser) -> None:
+    default = os.environ.get("FENCEGATE_RELEASE_MARGIN", f"{DEFAULT_RELEASE_MARGIN:g}")
+    parser.add_argument(
+        "--release-margin",
+        type=_seconds,
+        default=default,  # a string: argparse converts (and refuses) it like a given one
+        help="seconds a request may still be on its way to the upstream after its gateway's "
+        f"lease ended (default {DEFAULT_RELEASE_MARGIN:g}; env FENCEGATE_RELEASE_MARGIN): the "
+        "same value as the gateways' --release-margin",
+    )
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: the release margin is 0 or more seconds")
+    return value
 
 
 def readable(row: dict[str, Any]) -> dict[str, Any]:

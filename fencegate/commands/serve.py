@@ -50,11 +50,18 @@ _OPTIONS: list[tuple[str, str, type, str]] = [
         "on SIGTERM, how long to keep recording answers the store has not taken (10)",
     ),
     (
+        "--gateway-heartbeat",
+        "gateway_heartbeat",
+        float,
+        "seconds between this process's heartbeats in the store's gateway registry; it counts "
+        "as alive for three (2)",
+    ),
+    (
         "--release-margin",
         "release_margin",
         float,
-        "seconds a request may still be on its way after its lease ended; keys are released "
-        "only after it (30)",
+        "seconds a request may still be on its way to the upstream after its lease ended: "
+        "keys are released by anyone else (an operator, the reconciler) only after it (30)",
     ),
     (
         "--reconcile-interval",

@@ -2,7 +2,9 @@
 
 Each is two POSTs: ``step=review`` shows what will happen on a confirmation page (no
 script needed), ``step=confirm`` does it through the same code as the command line, which
-writes the audit record with the token's name as who did it."""
+writes the audit record with the token's name as who did it, in the action's transaction.
+Resolving a key follows the release rule as the command line does (``force=yes`` overrides
+it, audited); a refusal is 409 ``release-unsafe``, saying why and from when it is safe."""
 
 from __future__ import annotations
 
@@ -13,12 +15,14 @@ from fencegate.console.web import Viewer, console_of, read_form, redirect, rende
 from fencegate.operator_actions import (
     cancel_job,
     key_fields,
+    refusal,
     resolve_key,
     retry_job,
     stored_answer,
 )
 from fencegate.problems import Problem
-from fencegate.store import ResolveResult, StoredResponse
+from fencegate.store import Resolution, ResolveResult, StoredResponse
+from fencegate.store.release import ReleaseBlocker, utc
 from fencegate.types import DEFAULT_TENANT
 
 
@@ -43,30 +47,53 @@ async def resolve(request: Request, viewer: Viewer) -> Response:
     if viewer.tenant is not None and tenant != viewer.tenant:
         raise Problem(404, "no-such-key", "No such key", f"no key {key!r} for tenant {tenant!r}")
     answer = _answer(form)
+    force = form.get("force") == "yes"
     console = console_of(request)
     if form.get("step") != "confirm":
-        record = await (await console.store()).get_key(tenant, key, timeout=console.timeout)
+        record = await (await console.store()).get_key(
+            tenant, key, margin=console.release_margin, timeout=console.timeout
+        )
         if record is None:
             raise Problem(
                 404, "no-such-key", "No such key", f"no key {key!r} for tenant {tenant!r}"
             )
-        context = {"form": form, "key": key_fields(record), "answer": answer,
+        context = {"form": form, "key": key_fields(record), "answer": answer, "force": force,
                    "tenant": tenant, "body_text": form.get("body", "")}  # fmt: skip
         return render(request, "confirm_resolve.html", context, viewer=viewer, refresh=False)
-    result = await resolve_key(
-        await console.store(), await console.inspector(), tenant=tenant, key=key,
-        answer=answer, actor=viewer.actor, reason=_reason(form), timeout=console.timeout,
+    done = await resolve_key(
+        await console.store(), tenant=tenant, key=key, answer=answer, actor=viewer.actor,
+        reason=_reason(form), margin=console.release_margin, force=force,
+        timeout=console.timeout,
     )  # fmt: skip
+    result = done.result
     if result is ResolveResult.NOT_FOUND:
         raise Problem(404, "no-such-key", "No such key", f"no key {key!r} for tenant {tenant!r}")
     if result is ResolveResult.NOT_UNKNOWN:
         raise Problem(
             409, "key-not-unknown", "Key not unknown",
-            f"key {key!r} is completed, or still in flight under a live lease: left as it is",
+            f"key {key!r} is completed: there is nothing to release or record; left as it is",
         )  # fmt: skip
+    if result is ResolveResult.BLOCKED:
+        raise release_unsafe(key, done)
     if result is ResolveResult.RELEASED:
         return redirect(request, "/keys", done=f"released {key}")
     return redirect(request, "/key", tenant=tenant, key=key, done=result.value)
+
+
+def release_unsafe(key: str, done: Resolution) -> Problem:
+    """409: the release rule refused, with why and from when it is safe."""
+    blocker = ReleaseBlocker.of(done.before) if done.before is not None else None
+    safe = blocker.safe_from if blocker is not None else None
+    return Problem(
+        409,
+        "release-unsafe",
+        "Not safe to release yet",
+        f"key {key!r} was left as it is: "
+        f"{refusal(done, force_hint='resolve it again with force (audited)')}",
+        blocker=blocker.reason if blocker is not None else None,
+        safe_from=utc(safe) if safe is not None else None,
+        release_margin=done.before.release_margin if done.before is not None else None,
+    )
 
 
 def _answer(form: dict[str, str]) -> StoredResponse | None:

@@ -22,6 +22,7 @@ from fencegate.console import actions, metrics, pages, signin
 from fencegate.console.auth import ConsoleToken, SessionSigner, TokenSet, load_tokens
 from fencegate.console.web import Console, problem_response, signed_in, templates
 from fencegate.problems import Problem
+from fencegate.store.release_rule import DEFAULT_RELEASE_MARGIN
 
 log = logging.getLogger("fencegate.console")
 
@@ -72,10 +73,12 @@ def create_console_app(
     show_payloads: bool = False,
     refresh_seconds: int = 15,
     session_secret: bytes | None = None,
+    release_margin: float = DEFAULT_RELEASE_MARGIN,
     timeout: float = 10.0,
 ) -> Starlette:
     """The console over the store at ``database_url``. ``tokens`` None reads them from
-    ``FENCEGATE_CONSOLE_TOKENS``; none at all raises `TokenConfigError`."""
+    ``FENCEGATE_CONSOLE_TOKENS``; none at all raises `TokenConfigError`. ``release_margin``
+    (seconds) is the release rule's, as the gateways use it."""
     token_set = TokenSet(tokens if tokens is not None else load_tokens(None, os.environ))
     console = Console(
         database_url=database_url,
@@ -85,6 +88,7 @@ def create_console_app(
         show_payloads=show_payloads,
         refresh_seconds=max(0, int(refresh_seconds)),
         timeout=timeout,
+        release_margin=float(release_margin),
     )
 
     @asynccontextmanager

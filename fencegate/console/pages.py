@@ -90,7 +90,9 @@ async def key(request: Request, viewer: Viewer) -> Response:
         raise Problem(404, "no-such-key", "No such key", f"no key {name!r} for tenant {tenant!r}")
     console = console_of(request)
     store, inspector = await console.store(), await console.inspector()
-    record = await store.get_key(tenant, name, timeout=console.timeout)
+    record = await store.get_key(
+        tenant, name, margin=console.release_margin, timeout=console.timeout
+    )
     if record is None:
         raise Problem(404, "no-such-key", "No such key", f"no key {name!r} for tenant {tenant!r}")
     history = await key_history(inspector, tenant=tenant, key=name, timeout=console.timeout)

@@ -22,6 +22,7 @@ from fencegate.lease import LeaseQueue
 from fencegate.problems import Problem
 from fencegate.store import GatewayStore, open_gateway_store
 from fencegate.store.inspect import Inspector
+from fencegate.store.release_rule import DEFAULT_RELEASE_MARGIN
 
 COOKIE = "fencegate_console"
 MAX_FORM_BYTES = 256 * 1024  # a resolve form carries the answer's body; nothing else is big
@@ -39,6 +40,8 @@ class Console:
     show_payloads: bool
     refresh_seconds: int
     timeout: float
+    # The release rule's margin (seconds), as the gateways use it: resolving waits for it.
+    release_margin: float = DEFAULT_RELEASE_MARGIN
     _inspector: Inspector | None = None
     _store: GatewayStore | None = None
     _queue: LeaseQueue | None = None

@@ -1,5 +1,6 @@
 """Builds the gateway ASGI application from its configuration: the store, the engine, the
-reverse proxy, the authenticator and the periodic purge, all started at lifespan."""
+gateway registry's heartbeat, the reverse proxy, the authenticator and the periodic purge, all
+started at lifespan."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from fencegate.gateway.metrics import GatewayMetrics
 from fencegate.gateway.pipeline import Pipeline
 from fencegate.gateway.proxy import ReverseProxy
 from fencegate.gateway.reconciler import Reconciler, reconciling
+from fencegate.gateway.registry import GatewayRegistry
 from fencegate.gateway.routes import RouteTable
 from fencegate.gateway.upstream import HttpUpstream
 from fencegate.store import GatewayStore, StoreUnavailable, open_gateway_store
@@ -64,6 +66,7 @@ class GatewayApplication:
         self.metrics = GatewayMetrics()
         self.store: GatewayStore | None = None
         self.engine: Engine | None = None
+        self.registry: GatewayRegistry | None = None
         self.proxy: ReverseProxy | None = None
         self._client: HttpUpstream | None = None
         self._purger: asyncio.Task[None] | None = None
@@ -106,6 +109,15 @@ class GatewayApplication:
             store_argument=operator_store_argument(settings.database_url),
             release_margin=settings.release_margin,
         )
+        # Registered before the first request: a key this process reserves is never
+        # released from under it while it runs.
+        self.registry = GatewayRegistry(
+            self.store,
+            engine.owner,
+            heartbeat=settings.gateway_heartbeat,
+            timeout=settings.store_timeout,
+        )
+        await self.registry.start()
         routes = RouteTable(self.config.policies(), default=self.config.default_policy())
         self._client = HttpUpstream()
         await self._client.start()
@@ -149,6 +161,9 @@ class GatewayApplication:
             # Answers the upstream gave that the store has not taken yet: keep trying within
             # the grace period before the connections go.
             await self.engine.close(grace=self.config.settings.shutdown_grace_seconds)
+        if self.registry is not None:
+            # Heartbeats ran while the engine drained: its row goes only once it owes nothing.
+            await self.registry.stop()
         if self._client is not None:
             await self._client.close()
         if self.store is not None:

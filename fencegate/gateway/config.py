@@ -18,6 +18,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from fencegate.errors import FencegateError
 from fencegate.gateway.routes import RoutePolicy, check_upstream
+from fencegate.store.release_rule import DEFAULT_GATEWAY_HEARTBEAT, DEFAULT_RELEASE_MARGIN
 
 DAY = 24 * 3600.0
 
@@ -48,15 +49,17 @@ class GatewaySettings(BaseSettings):
     )
     # Refuse a PostgreSQL whose standbys all replicate asynchronously (else: one warning).
     require_synchronous_replication: bool = False
-    # The longest a request may still be on its way to the upstream after its gateway
-    # stopped being allowed to send it: a key is released (by the reconciler, an operator)
-    # only this long after its lease ended or its outcome became unknown.
-    release_margin: float = Field(default=30.0, ge=0)
     # How often the reconciler looks for keys of reconciling routes to settle (seconds,
     # with jitter); 0: no reconciler in this process.
     reconcile_interval: float = Field(default=1.0, ge=0)
     # On SIGTERM, how long to keep trying to record answers the store has not taken yet.
     shutdown_grace_seconds: float = Field(default=10.0, ge=0)
+    # The gateway registry: this process heartbeats its row every gateway_heartbeat seconds
+    # (it counts as alive for three of them). The release rule: a request may still be on
+    # its way to the upstream release_margin seconds after its gateway's lease ended, so a
+    # key is released by anyone else (an operator, the reconciler) only after that.
+    gateway_heartbeat: float = Field(default=DEFAULT_GATEWAY_HEARTBEAT, gt=0, le=3600)
+    release_margin: float = Field(default=DEFAULT_RELEASE_MARGIN, ge=0, le=DAY)
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
     # text for people; json: one object per line on stderr, for log pipelines.
     log_format: Literal["text", "json"] = "text"

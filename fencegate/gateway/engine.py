@@ -49,6 +49,7 @@ from fencegate.store.base import (
     StoreUnavailable,
 )
 from fencegate.store.key_states import LEASE_EXPIRED, operator_state
+from fencegate.store.release import utc
 from fencegate.store.release_rule import DEFAULT_RELEASE_MARGIN
 from fencegate.types import IncomingRequest
 
@@ -233,7 +234,13 @@ class Engine:
             # Its gateway (this one, or another that is alive) still owes the key a write.
             raise outcome_pending()
         if outcome is Outcome.UNKNOWN:
-            raise outcome_unknown(decision, tenant, key, store_argument=self.store_argument)
+            raise outcome_unknown(
+                decision,
+                tenant,
+                key,
+                store_argument=self.store_argument,
+                release_margin=self.release_margin,
+            )
         if outcome is Outcome.TAKEN_OVER:
             logger.warning("took over in-flight key %r whose lease had expired", key)
         assert decision.attempt is not None
@@ -535,11 +542,19 @@ def in_flight(decision: Decision, upstream_timeout: float, typical: float | None
 
 
 def outcome_unknown(
-    decision: Decision, tenant: str, key: str, *, store_argument: str = ""
+    decision: Decision,
+    tenant: str,
+    key: str,
+    *,
+    store_argument: str = "",
+    release_margin: float = DEFAULT_RELEASE_MARGIN,
 ) -> Problem:
     """Not "retry later" (409) nor a server error (5xx): common SDKs retry both on their own,
-    and a retry cannot help until an operator has resolved the key. The reason and the
-    state use the operator's vocabulary (`fencegate.store.key_states`)."""
+    and a retry cannot help until the key is settled: by the reconciler asking the upstream
+    (when the route declares how), else by an operator. The reason and the state use the
+    operator's vocabulary (`fencegate.store.key_states`); the body says from when settling it
+    by hand is safe (the release rule: its outcome became unknown, or its lease ended, longer
+    ago than ``release_margin``), and whether fencegate is asking the upstream itself."""
     state, reason = operator_state(
         decision.key_state or "outcome_unknown", lease_expired=decision.key_state == "in_flight"
     )
@@ -555,29 +570,62 @@ def outcome_unknown(
         if decision.unknown_since is not None
         else None
     )
+    safe_from = (
+        utc(decision.unknown_since + release_margin) if decision.unknown_since is not None else None
+    )
+    # When the reconciler looks next (None: the route does not reconcile): epoch seconds.
+    scheduled = decision.reconcile_after
+    reconcile_after = (
+        scheduled.timestamp()
+        if isinstance(scheduled, datetime)
+        else float(scheduled)
+        if isinstance(scheduled, int | float)
+        else None
+    )
     command = f"fencegate keys resolve {shlex.quote(key)} --tenant {shlex.quote(tenant)}"
     where = f" {store_argument}" if store_argument else ""
-    return Problem(
+    when_safe = (
+        f"Settling it by hand is safe from {safe_from}, when no copy of the request can still "
+        f"be on its way to the upstream (release margin {release_margin:g} s); until then "
+        f"the resolve command refuses. "
+        if safe_from is not None
+        else ""
+    )
+    if reconcile_after is not None:
+        settle = (
+            f"fencegate is asking the upstream whether it ran (next check at "
+            f"{utc(reconcile_after)}): the key will be completed with the upstream's answer, "
+            f"or released so that a retry runs, without an operator. Only if the upstream "
+            f"cannot tell does an operator resolve it, by recording"
+        )
+    else:
+        settle = "An operator resolves the key by recording"
+    problem = Problem(
         OUTCOME_UNKNOWN_STATUS,
         "outcome-unknown",
         "Outcome unknown",
         f"an earlier attempt with this Idempotency-Key was forwarded and may have run "
         f"upstream, but its answer was never recorded: {why}. It is not forwarded again. "
-        f"An operator resolves the key by recording the upstream's real answer "
+        f"{settle} the upstream's real answer "
         f"(fencegate keys resolve KEY --tenant TENANT --completed --status N --body @FILE) "
         f"or by releasing it so that the next request runs again "
-        f"(fencegate keys resolve KEY --tenant TENANT --release).",
+        f"(fencegate keys resolve KEY --tenant TENANT --release). {when_safe}".rstrip(),
         key=key,
         tenant=tenant,
         key_state=state,
         reason=reason,
         since=since,
         attempt=decision.attempt,
+        release_safe_from=safe_from,
+        release_margin=release_margin,
         resolve=[
             f"{command} --completed --status N --body @answer.json{where}",
             f"{command} --release{where}",
         ],
     )
+    if reconcile_after is not None:
+        problem.extensions["reconcile_after"] = utc(reconcile_after)
+    return problem
 
 
 def outcome_pending() -> Problem:

@@ -31,11 +31,12 @@ from fencegate.gateway.pipeline import (
     unroutable_policy,
 )
 from fencegate.gateway.reconciler import DEFAULT_INTERVAL, Reconciler, reconciling
+from fencegate.gateway.registry import GatewayRegistry
 from fencegate.gateway.routes import RoutePolicy, RouteTable
 from fencegate.gateway.upstream import AppUpstream
 from fencegate.problems import Problem
 from fencegate.store import GatewayStore, open_gateway_store
-from fencegate.store.release_rule import DEFAULT_RELEASE_MARGIN
+from fencegate.store.release_rule import DEFAULT_GATEWAY_HEARTBEAT, DEFAULT_RELEASE_MARGIN
 from fencegate.store.replication import ReplicationNotSynchronous
 from fencegate.store.schema import SchemaMismatch, operator_store_argument, require_schema
 from fencegate.types import ASGIApp, Authenticator, Message, Receive, Scope, Send
@@ -58,6 +59,7 @@ class FencegateMiddleware:
         metrics: GatewayMetrics | None = None,
         decision_history: bool = True,
         require_synchronous_replication: bool = False,
+        gateway_heartbeat: float = DEFAULT_GATEWAY_HEARTBEAT,
         release_margin: float = DEFAULT_RELEASE_MARGIN,
         reconcile_interval: float = DEFAULT_INTERVAL,
     ) -> None:
@@ -66,10 +68,13 @@ class FencegateMiddleware:
         closed at lifespan shutdown. ``decision_history`` keeps one history row per
         decision in the store this opens (a given store keeps its own setting);
         ``require_synchronous_replication`` makes that store refuse a PostgreSQL whose
-        standbys all replicate asynchronously (otherwise one warning line). With a route that
+        standbys all replicate asynchronously (otherwise one warning line). Once it has its
+        store, the middleware registers this process in the store's gateway registry and
+        heartbeats every ``gateway_heartbeat`` seconds until it is closed. With a route that
         declares ``reconcile``, a reconciler settles its unknown outcomes every
         ``reconcile_interval`` seconds (0: none) once ``release_margin`` seconds have passed
-        since each one's lease ended (see `fencegate.gateway.reconciler`)."""
+        since each one's lease ended (see `fencegate.gateway.reconciler`); its 424 answers
+        quote that margin."""
         self.app = app
         self._database_url = database_url
         self._owns_store = store is None
@@ -80,9 +85,11 @@ class FencegateMiddleware:
         self._store_timeout = store_timeout
         self._history = decision_history
         self._require_sync = require_synchronous_replication
+        self._heartbeat = gateway_heartbeat
         self._release_margin = release_margin
         self._reconcile_interval = reconcile_interval
         self.reconciler: Reconciler | None = None
+        self.registry: GatewayRegistry | None = None
         self.metrics = metrics or GatewayMetrics()
         self._pipeline: Pipeline | None = None
         self._opening = asyncio.Lock()
@@ -166,6 +173,14 @@ class FencegateMiddleware:
                     else "",
                     release_margin=self._release_margin,
                 )
+                registry = GatewayRegistry(
+                    self._store,
+                    engine.owner,
+                    heartbeat=self._heartbeat,
+                    timeout=self._store_timeout,
+                )
+                await registry.start()
+                self.registry = registry
                 upstream = AppUpstream(self.app)
                 self._pipeline = Pipeline(
                     engine=engine,
@@ -196,6 +211,10 @@ class FencegateMiddleware:
         if self._pipeline is not None:
             # Answers the store has not taken yet: keep trying within the grace period.
             await self._pipeline.engine.close(grace=grace)
+        if self.registry is not None:
+            # Heartbeats ran while the engine drained: the row goes once nothing is owed.
+            await self.registry.stop()
+            self.registry = None
         if self._owns_store and self._store is not None:
             await self._store.close()
             self._store = None

@@ -43,6 +43,7 @@ from fencegate.lease.policy import (
     check_intervals,
     fails_for_good,
 )
+from fencegate.store.audit import JobAudit
 from fencegate.store.batching import Batcher
 from fencegate.store.dburl import parse_database_url
 
@@ -402,21 +403,30 @@ class LeaseQueue:
         return await self._driver.release(lease, timeout=timeout)
 
     async def cancel(
-        self, job_id: int, *, reason: Any = "cancelled", timeout: float = DEFAULT_TIMEOUT
+        self,
+        job_id: int,
+        *,
+        reason: Any = "cancelled",
+        audit: JobAudit | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
     ) -> bool:
         """Cancel a queued or running job (a running owner's lease becomes void). False when
-        the job had already finished; `JobNotFound` when there is no such job."""
+        the job had already finished; `JobNotFound` when there is no such job. ``audit``
+        (an operator's action) gives the audit row, written in the cancel's transaction from
+        the job before and after: both land or neither."""
         _check_json(reason, "reason")
-        cancelled = await self._driver.cancel(job_id, reason, timeout=timeout)
+        cancelled = await self._driver.cancel(job_id, reason, audit=audit, timeout=timeout)
         if cancelled is None:
             raise JobNotFound(f"no job with id {job_id}")
         return cancelled
 
-    async def retry(self, job_id: int, *, timeout: float = DEFAULT_TIMEOUT) -> bool:
+    async def retry(
+        self, job_id: int, *, audit: JobAudit | None = None, timeout: float = DEFAULT_TIMEOUT
+    ) -> bool:
         """Queue a failed or cancelled job again now, with one more attempt than it has had
         (its attempts and stages kept). False when the job is not failed or cancelled;
-        `JobNotFound` when there is no such job."""
-        retried = await self._driver.retry(job_id, timeout=timeout)
+        `JobNotFound` when there is no such job. ``audit`` as for `cancel`."""
+        retried = await self._driver.retry(job_id, audit=audit, timeout=timeout)
         if retried is None:
             raise JobNotFound(f"no job with id {job_id}")
         return retried

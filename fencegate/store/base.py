@@ -11,12 +11,15 @@ subclass holds its backend's `Database` and the statements that differ.
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, ClassVar, Literal
 
 from fencegate.errors import StoreUnavailable
+from fencegate.store.audit import AuditEntry
 from fencegate.store.queries import Queries
+from fencegate.store.release_rule import DEFAULT_RELEASE_MARGIN
 
 if TYPE_CHECKING:
     from fencegate.store.backends import NamedQueries
@@ -123,13 +126,45 @@ class KeyRecord:
     expires_at: float
     response_status: int | None
     now: float
+    # The request as routed (never its query or body), and how an unknown outcome ended.
+    method: str | None = None
+    target: str | None = None
+    unknown_reason: str | None = None  # the limit that fired
+    resolution: str | None = None  # reconciled | operator | forced
+    reconcile_after: float | None = None  # when the reconciler looks next (None: it does not)
+    reconcile_tries: int = 0
+    reconcile_note: str | None = None
+    # Its gateway process's registry row (None: none, the process stopped or never ran).
+    gateway_heartbeat_at: float | None = None
+    gateway_alive_until: float | None = None
+    # What the release rule says of it at ``now`` with ``release_margin`` (None: releasing,
+    # or recording an answer for it, is safe now); `fencegate.store.release` explains it.
+    release_blocker: str | None = None
+    release_margin: float = DEFAULT_RELEASE_MARGIN
 
 
 class ResolveResult(StrEnum):
     COMPLETED = "completed"  # the operator's answer is stored and will be replayed
     RELEASED = "released"  # the key is gone: the next request runs again
     NOT_FOUND = "not_found"
-    NOT_UNKNOWN = "not_unknown"  # completed, or in flight under a live lease: left alone
+    NOT_UNKNOWN = "not_unknown"  # completed: nothing to release, left alone
+    BLOCKED = "blocked"  # the release rule refused: a copy may still reach the upstream
+
+
+@dataclass(frozen=True, slots=True)
+class Resolution:
+    """What an operator's resolve did. ``before`` is the key as the resolve's transaction
+    read it (for BLOCKED, with the release blocker that refused it), ``after`` as it left it
+    (None once released)."""
+
+    result: ResolveResult
+    before: KeyRecord | None = None
+    after: KeyRecord | None = None
+    forced: bool = False
+
+
+# What a resolve's caller audits, given what it did: written in the resolve's transaction.
+ResolveAudit = Callable[[Resolution], AuditEntry]
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +173,23 @@ class PurgeCounts:
     fences: int
     nonces: int
     decisions: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayRow:
+    """One gateway process in the registry (times in epoch seconds, database clock)."""
+
+    instance: str  # Engine.owner: host:pid:uuid8
+    host: str
+    pid: int
+    started_at: float
+    heartbeat_at: float
+    alive_until: float
+    now: float
+
+    @property
+    def alive(self) -> bool:
+        return self.alive_until > self.now
 
 
 class GatewayStore(abc.ABC):
@@ -203,7 +255,11 @@ class GatewayStore(abc.ABC):
     ) -> bool: ...
 
     @abc.abstractmethod
-    async def get_key(self, tenant: str, key: str, *, timeout: float) -> KeyRecord | None: ...
+    async def get_key(
+        self, tenant: str, key: str, *, margin: float = DEFAULT_RELEASE_MARGIN, timeout: float
+    ) -> KeyRecord | None:
+        """One key as an operator sees it, with what the release rule says of it now given
+        the release ``margin`` (seconds)."""
 
     @abc.abstractmethod
     async def resolve_key(
@@ -213,11 +269,19 @@ class GatewayStore(abc.ABC):
         response: StoredResponse | None,
         *,
         resolved_by: str,
+        margin: float = DEFAULT_RELEASE_MARGIN,
+        force: bool = False,
+        audit: ResolveAudit | None = None,
         timeout: float,
-    ) -> ResolveResult:
-        """An operator's answer for a key whose outcome is unknown (marked so, or in flight
-        with an expired lease): store ``response`` as its result, or with None release it.
-        Any other key is left alone."""
+    ) -> Resolution:
+        """Someone other than its gateway settles a key that is in flight or of unknown
+        outcome: store ``response`` as its result, or with None release it (the next request
+        runs again). Only when the release rule allows it now (no copy of its request can
+        still reach the upstream, given the release ``margin`` in seconds), checked in the
+        statement or transaction that makes the change; else BLOCKED, and the key is left
+        alone. ``force`` skips the rule (never for a completed key) and marks the key's
+        resolution ``forced`` (else ``operator``). ``audit`` gives the audit row, written in
+        the same transaction: the change and its record land together or not at all."""
 
     async def purge(
         self,
@@ -246,6 +310,32 @@ class GatewayStore(abc.ABC):
             total += deleted
             if deleted < args[0]:
                 return total
+
+    # -- the gateway registry (fencegate.gateway.registry) --------------------------------
+
+    async def heartbeat_gateway(
+        self, instance: str, *, host: str, pid: int, alive_seconds: float, timeout: float
+    ) -> None:
+        """Register the gateway process ``instance``, or keep it registered: alive for
+        ``alive_seconds`` from now (database clock)."""
+        args = (instance, host, int(pid), float(alive_seconds))
+        await self._db.execute(self.queries.gateway_heartbeat, args, timeout=timeout)
+
+    async def deregister_gateway(self, instance: str, *, timeout: float) -> bool:
+        """A clean stop: the process owes no write any more."""
+        return (
+            await self._db.execute(self.queries.gateway_deregister, (instance,), timeout=timeout)
+            > 0
+        )
+
+    async def purge_gateways(self, *, dead_for_seconds: float, timeout: float) -> int:
+        """Forget processes whose registration ran out that long ago (killed, not stopped)."""
+        args = (float(dead_for_seconds),)
+        return await self._db.execute(self.queries.gateway_purge, args, timeout=timeout)
+
+    async def gateways(self, *, timeout: float) -> list[GatewayRow]:
+        rows = await self._db.fetch(self.queries.gateways, (), timeout=timeout)
+        return [GatewayRow(**row) for row in rows]
 
     async def ping(self, *, timeout: float) -> None:
         await self._db.fetch(self.queries.ping, (), timeout=timeout)

@@ -21,6 +21,7 @@ from typing import Any
 
 import orjson
 
+from fencegate.store.audit import AuditEntry
 from fencegate.store.backends import NamedQueries, open_database
 from fencegate.store.dburl import DatabaseURL, parse_database_url
 from fencegate.store.key_states import KEY_STATES
@@ -73,9 +74,6 @@ class Inspector:
     async def _value(self, name: str, *args: Any, timeout: float) -> Any:
         rows = await self._rows(name, *args, timeout=timeout)
         return next(iter(rows[0].values())) if rows else None
-
-    def _json(self, value: Any) -> Any:
-        return orjson.dumps(value).decode() if value is not None else None
 
     # -- reads ----------------------------------------------------------------------------
 
@@ -268,8 +266,10 @@ class Inspector:
         after: Any = None,
         timeout: float = 10.0,
     ) -> None:
-        args = (actor, action, tenant, subject, reason, self._json(before), self._json(after))
-        await self._execute("audit", *args, timeout=timeout)
+        """An audit row on its own (an action whose change is not one transaction: the
+        purge's batches). Actions that are one change write theirs in it (`AuditEntry`)."""
+        entry = AuditEntry(actor, action, subject, tenant, reason, before, after)
+        await self._execute("audit", *entry.arguments(), timeout=timeout)
 
     async def purge_jobs(
         self,

@@ -20,6 +20,7 @@ from typing import Any, TypeVar, cast
 import asyncpg
 
 from fencegate.errors import StoreClosed, StoreTimedOut, StoreUnavailable, unsent
+from fencegate.store import pool_log
 from fencegate.store.dburl import POOL_MODE_OPTION, DatabaseURL
 from fencegate.store.faults import pg_fault
 from fencegate.store.replication import ReplicationGuard, ReplicationNotSynchronous
@@ -253,6 +254,7 @@ class PgDatabase:
                 await local.leave_out_defaults(conn)
 
         try:
+            pool_log.install()
             pool = await asyncpg.create_pool(
                 target.dsn,
                 min_size=min_size,

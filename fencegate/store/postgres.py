@@ -24,12 +24,15 @@ from fencegate.store.base import (
     KeyRecord,
     Outcome,
     Reservation,
+    Resolution,
+    ResolveAudit,
     ResolveResult,
     StoredResponse,
 )
 from fencegate.store.batching import Batcher
 from fencegate.store.pg import PgDatabase, affected
 from fencegate.store.queries import Queries
+from fencegate.store.release_rule import DEFAULT_RELEASE_MARGIN
 
 # A decision to make, or an answer to record for a reservation.
 _Step = DecideRequest | tuple[Reservation, StoredResponse]
@@ -232,10 +235,11 @@ class PostgresGatewayStore(GatewayStore):
         )
         return row is not None
 
-    async def get_key(self, tenant: str, key: str, *, timeout: float) -> KeyRecord | None:
-        row = await self._db.run(
-            lambda conn: conn.fetchrow(Q.get_key, tenant, key), timeout=timeout
-        )
+    async def get_key(
+        self, tenant: str, key: str, *, margin: float = DEFAULT_RELEASE_MARGIN, timeout: float
+    ) -> KeyRecord | None:
+        args = (tenant, key, float(margin))
+        row = await self._db.run(lambda conn: conn.fetchrow(Q.get_key, *args), timeout=timeout)
         return None if row is None else KeyRecord(**dict(row.items()))
 
     async def resolve_key(
@@ -245,25 +249,45 @@ class PostgresGatewayStore(GatewayStore):
         response: StoredResponse | None,
         *,
         resolved_by: str,
+        margin: float = DEFAULT_RELEASE_MARGIN,
+        force: bool = False,
+        audit: ResolveAudit | None = None,
         timeout: float,
-    ) -> ResolveResult:
+    ) -> Resolution:
+        """One transaction on one connection: the key read under its row lock, the change
+        (whose statement asks the release rule of the row it changes), the key after, and
+        the audit row."""
+        change: tuple[Any, ...] = (tenant, key, resolved_by, float(margin), force)
         if response is None:
-            count = await self._count(Q.resolve_released, tenant, key, resolved_by, timeout=timeout)
-            done = ResolveResult.RELEASED
+            sql, done = Q.resolve_released, ResolveResult.RELEASED
         else:
-            count = await self._count(
-                Q.resolve_completed,
-                tenant,
-                key,
-                resolved_by,
-                response.status,
-                orjson.dumps(response.headers).decode(),
-                response.body,
-                response.sha256,
-                timeout=timeout,
-            )
-            done = ResolveResult.COMPLETED
-        if count:
-            return done
-        found = await self.get_key(tenant, key, timeout=timeout)
-        return ResolveResult.NOT_FOUND if found is None else ResolveResult.NOT_UNKNOWN
+            sql, done = Q.resolve_completed, ResolveResult.COMPLETED
+            headers = orjson.dumps(response.headers).decode()
+            change += (response.status, headers, response.body, response.sha256)
+
+        async def read(conn: asyncpg.Connection, query: str) -> KeyRecord | None:
+            row = await conn.fetchrow(query, tenant, key, float(margin))
+            return None if row is None else KeyRecord(**dict(row.items()))
+
+        async def run(conn: asyncpg.Connection) -> Resolution:
+            async with conn.transaction():
+                before = await read(conn, Q.get_key_for_update)
+                if before is None:
+                    return Resolution(ResolveResult.NOT_FOUND)
+                if not await conn.fetchval(sql, *change):
+                    return await refused(conn, before)
+                resolution = Resolution(done, before, await read(conn, Q.get_key), forced=force)
+                if audit is not None:
+                    await conn.execute(Q.audit, *audit(resolution).arguments())
+                return resolution
+
+        async def refused(conn: asyncpg.Connection, before: KeyRecord) -> Resolution:
+            if before.state not in ("in_flight", "outcome_unknown"):
+                return Resolution(ResolveResult.NOT_UNKNOWN, before)
+            if before.release_blocker is None:
+                # The row is locked, so only its gateway's registry row changed between
+                # the read and the change (a heartbeat): ask again for the words.
+                before = await read(conn, Q.get_key) or before
+            return Resolution(ResolveResult.BLOCKED, before)
+
+        return await self._db.run(run, timeout=timeout)

@@ -25,12 +25,14 @@ from fencegate.store.base import (
     KeyRecord,
     Outcome,
     Reservation,
+    Resolution,
+    ResolveAudit,
     ResolveResult,
     StoredResponse,
 )
 from fencegate.store.batching import Batcher
 from fencegate.store.queries import Queries
-from fencegate.store.release_rule import gateway_instance
+from fencegate.store.release_rule import DEFAULT_RELEASE_MARGIN, gateway_instance, release_blocker
 from fencegate.store.sqlite_db import SQLiteDatabase
 
 T = TypeVar("T")
@@ -223,19 +225,51 @@ def _conditional(
     return run
 
 
-def _key_record(row: sqlite3.Row | None) -> KeyRecord | None:
+def read_key(
+    conn: sqlite3.Connection, tenant: str, key: str, *, margin: float, now: float
+) -> KeyRecord | None:
+    """One key with its gateway's registry row and what the release rule says of it at
+    ``now``: in the caller's transaction, so that a change made on what it says is made on
+    the key as read (the write transaction holds SQLite's one write lock)."""
+    row = conn.execute(Q.get_key, {"tenant": tenant, "key": key, "now": now}).fetchone()
     if row is None:
         return None
     values = dict(zip(row.keys(), tuple(row), strict=True))
     values["unknown"] = bool(values["unknown"])
+    alive_until = values["gateway_alive_until"]
+    values["release_blocker"] = release_blocker(
+        state=values["state"],
+        locked_until=values["locked_until"],
+        owner_alive=alive_until is not None and alive_until > now,
+        margin=margin,
+        now=now,
+    )
+    values["release_margin"] = float(margin)
     return KeyRecord(**values)
 
 
 def _resolve(
-    tenant: str, key: str, response: StoredResponse | None, resolved_by: str
-) -> Callable[[sqlite3.Connection], ResolveResult]:
-    def run(conn: sqlite3.Connection) -> ResolveResult:
+    tenant: str,
+    key: str,
+    response: StoredResponse | None,
+    *,
+    resolved_by: str,
+    margin: float,
+    force: bool,
+    audit: ResolveAudit | None,
+) -> Callable[[sqlite3.Connection], Resolution]:
+    """Run in one write transaction: the key read, the release rule asked, the change, the
+    history row and the audit row, under SQLite's one write lock (no check-then-act)."""
+
+    def run(conn: sqlite3.Connection) -> Resolution:
         log = History(conn, clock(conn), keep=True)
+        before = read_key(conn, tenant, key, margin=margin, now=log.now)
+        if before is None:
+            return Resolution(ResolveResult.NOT_FOUND)
+        if before.state not in ("in_flight", "outcome_unknown"):
+            return Resolution(ResolveResult.NOT_UNKNOWN, before)
+        if before.release_blocker is not None and not force:
+            return Resolution(ResolveResult.BLOCKED, before)
         which = {"tenant": tenant, "key": key, "now": log.now}
         if response is None:
             row = conn.execute(Q.resolve_released, which).fetchone()
@@ -247,14 +281,13 @@ def _resolve(
                 "headers": orjson.dumps(response.headers).decode(),
                 "body": response.body,
                 "sha256": response.sha256,
+                "resolution": "forced" if force else "operator",
             }
             row = conn.execute(Q.resolve_completed, which | answer).fetchone()
             done = ResolveResult.COMPLETED
-        if row is None:
-            found = conn.execute(Q.key_get, (tenant, key)).fetchone()
-            return ResolveResult.NOT_FOUND if found is None else ResolveResult.NOT_UNKNOWN
+        assert row is not None, "the key changed under the write lock"
         log.add(
-            f"resolved_{done.value}",
+            "resolved_forced" if force else f"resolved_{done.value}",
             tenant=tenant,
             entity=row["entity"],
             key=key,
@@ -265,7 +298,11 @@ def _resolve(
             expires_at=row["expires_at"],
         )
         log.write()
-        return done
+        after = read_key(conn, tenant, key, margin=margin, now=log.now)
+        resolution = Resolution(done, before, after, forced=force)
+        if audit is not None:
+            conn.execute(Q.audit, audit(resolution).arguments())
+        return resolution
 
     return run
 
@@ -381,12 +418,11 @@ class SQLiteGatewayStore(GatewayStore):
 
         return await self._db.run(run, timeout=timeout, write=True)
 
-    async def get_key(self, tenant: str, key: str, *, timeout: float) -> KeyRecord | None:
+    async def get_key(
+        self, tenant: str, key: str, *, margin: float = DEFAULT_RELEASE_MARGIN, timeout: float
+    ) -> KeyRecord | None:
         def read(conn: sqlite3.Connection) -> KeyRecord | None:
-            now = clock(conn)
-            return _key_record(
-                conn.execute(Q.get_key, {"tenant": tenant, "key": key, "now": now}).fetchone()
-            )
+            return read_key(conn, tenant, key, margin=margin, now=clock(conn))
 
         return await self._db.run(read, timeout=timeout)
 
@@ -397,8 +433,13 @@ class SQLiteGatewayStore(GatewayStore):
         response: StoredResponse | None,
         *,
         resolved_by: str,
+        margin: float = DEFAULT_RELEASE_MARGIN,
+        force: bool = False,
+        audit: ResolveAudit | None = None,
         timeout: float,
-    ) -> ResolveResult:
-        return await self._db.run(
-            _resolve(tenant, key, response, resolved_by), timeout=timeout, write=True
-        )
+    ) -> Resolution:
+        write = _resolve(
+            tenant, key, response, resolved_by=resolved_by, margin=margin, force=force,
+            audit=audit,
+        )  # fmt: skip
+        return await self._db.run(write, timeout=timeout, write=True)

@@ -205,20 +205,25 @@ async def test_concurrent_copies_run_once_across_two_gateways(
 LEASE_SECONDS = 3
 
 
-async def key_record(database_url: str, key: str) -> KeyRecord | None:
+async def key_record(database_url: str, key: str, *, margin: float = 30.0) -> KeyRecord | None:
     """One key as `fencegate keys show` reads it, on either store."""
     store = await open_gateway_store(database_url, run_migrations=False, pool_max_size=1)
     try:
-        return await store.get_key("default", key, timeout=30)
+        return await store.get_key("default", key, margin=margin, timeout=30)
     finally:
         await store.close()
 
 
 async def wait_for_key(
-    database_url: str, key: str, accept: Callable[[KeyRecord], bool], *, timeout: float
+    database_url: str,
+    key: str,
+    accept: Callable[[KeyRecord], bool],
+    *,
+    timeout: float,
+    margin: float = 30.0,
 ) -> KeyRecord:
     async def there() -> KeyRecord | None:
-        record = await key_record(database_url, key)
+        record = await key_record(database_url, key, margin=margin)
         return record if record is not None and accept(record) else None
 
     found = await wait_until(there, timeout=timeout, what=f"key {key!r}", interval=0.1)
@@ -254,6 +259,18 @@ async def test_killed_gateway_leaves_an_unknown_outcome_that_is_never_forwarded_
             await in_flight
 
         await wait_for_key(store_url, key, lambda r: r.unknown, timeout=LEASE_SECONDS + 30)
+        # While the dead gateway's registration has not run out, it might still record the
+        # key itself: 503 outcome-pending ("retry"), never 424. Then 424, for an operator.
+        kinds: list[str] = []
+
+        async def settled_as_unknown() -> bool:
+            answer = await post(client, survivor.url, key)
+            kinds.append(problem_kind(answer))
+            assert answer.status_code in (424, 503), answer.text
+            return answer.status_code == 424
+
+        await wait_until(settled_as_unknown, timeout=60, what="424 once the gateway is dead")
+        assert set(kinds) <= {"outcome-pending", "outcome-unknown"}, kinds
         for _ in range(2):
             answer = await post(client, survivor.url, key)
             assert answer.status_code == 424, answer.text
@@ -261,11 +278,20 @@ async def test_killed_gateway_leaves_an_unknown_outcome_that_is_never_forwarded_
             assert answer.json()["reason"] == "lease_expired"
         assert await upstream.acount(key) == 1
 
-        # The operator learns the upstream did charge, and records its answer.
-        resolved = await run_command(
+        # The operator learns the upstream did charge, and records its answer: refused while
+        # a copy of the request may still be on its way (the dead gateway's registration has
+        # not run out, or its lease ended less than the release margin ago), then accepted.
+        margin = 10.0
+        resolve = (
             "keys", "resolve", key, "--database-url", store_url, "--completed",
-            "--status", "201", "--body", '{"id": "ch_1"}',
+            "--status", "201", "--body", '{"id": "ch_1"}', "--release-margin", str(margin),
         )  # fmt: skip
+        early = await run_command(*resolve)
+        assert early.returncode == 2 and f"key {key!r} not resolved: its" in early.stderr
+        await wait_for_key(
+            store_url, key, lambda r: r.release_blocker is None, timeout=60, margin=margin
+        )
+        resolved = await run_command(*resolve)
         assert resolved.returncode == 0, resolved.stderr
         replay = await post(client, survivor.url, key)
         assert replay.status_code == 201 and replay.json() == {"id": "ch_1"}

@@ -157,7 +157,8 @@ def test_a_lease_expired_key_is_outcome_unknown_in_the_424_and_the_commands(
     text = fencegate("keys", "show", key, "--database-url", store_url).stdout
     assert "reason" in text and "lease_expired" in text
 
-    # The 424's commands, run as given from another directory, resolve the key.
+    # The 424's commands, run as given from another directory, resolve the key. (The story's
+    # request is not on its way: the operator's environment sets the release margin to 0.)
     completed, release = problem["resolve"]
     assert "--body @answer.json" in completed and "--database-url" in completed
     (tmp_path / "answer.json").write_text('{"id": "re_1"}')
@@ -165,7 +166,8 @@ def test_a_lease_expired_key_is_outcome_unknown_in_the_424_and_the_commands(
     done = subprocess.run(
         [sys.executable, "-m", "fencegate.cli", *shlex.split(command.replace(
             '"$FENCEGATE_DATABASE_URL"', shlex.quote(store_url)))],
-        cwd=tmp_path, capture_output=True, text=True, timeout=60, env=child_env(),
+        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+        env=child_env({"FENCEGATE_RELEASE_MARGIN": "0"}),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     after = orjson.loads(
@@ -184,7 +186,7 @@ def test_audit_list_shows_who_did_what_and_why(store_url: str) -> None:
     key = "capture:inv-1:POST /v1/charges"
     resolved = fencegate(
         "keys", "resolve", key, "--tenant", "acme", "--database-url", store_url, "--release",
-        "--by", "night-op", "--reason", "upstream has no charge",
+        "--by", "night-op", "--reason", "upstream has no charge", "--release-margin", "0",
     )  # fmt: skip
     assert resolved.returncode == 0, resolved.stderr
     [row] = orjson.loads(fencegate("audit", "list", "--json", "--database-url", store_url).stdout)[

@@ -175,6 +175,17 @@ def test_a_database_dropped_under_a_running_gateway_is_503(
             assert_store_unavailable(keyed_post(gateway.url))
         assert upstream.stats()["requests"] == before
         wait_for_status(gateway.url + "/healthz", 503, timeout=15)
+        # The pool's attempts to reconnect are one line each, not asyncpg's 20-line traceback
+        # every few seconds.
+        wait_until_sync(
+            lambda: "asyncpg.pool" in gateway.log_text(),
+            timeout=30,
+            what="the pool to report the dropped database",
+        )
+        text = gateway.log_text()
+        assert "Traceback" not in text
+        [pool_line, *_] = [line for line in text.splitlines() if "asyncpg.pool" in line]
+        assert "does not exist" in pool_line
 
 
 # What each driver raises when the store cannot answer (asyncpg's protocol error seen while

@@ -41,9 +41,14 @@ class Story:
         )
 
 
-async def make_story(url: str, *, show_payloads: bool = False) -> AsyncIterator[Story]:
+async def make_story(
+    url: str, *, show_payloads: bool = False, release_margin: float = 0
+) -> AsyncIterator[Story]:
     job, _, _ = await two_workers_one_fenced_off(url)
-    app = create_console_app(url, tokens=TOKENS, show_payloads=show_payloads)
+    # By default the story's request is not on its way: nothing to wait for before resolving.
+    app = create_console_app(
+        url, tokens=TOKENS, show_payloads=show_payloads, release_margin=release_margin
+    )
     try:
         yield Story(url, job, app)
     finally:
@@ -187,6 +192,53 @@ async def test_resolve_is_confirmed_then_done_and_audited(story: Story) -> None:
         assert orjson.loads(row["after"])["response_status"] == 201
         again = await client.post("/key/resolve", data={**form, "step": "confirm"}, headers=html)
         assert again.status_code == 409 and "left as it is" in again.text
+
+
+async def test_resolve_is_refused_until_safe_with_when_then_forced_and_audited(
+    sqlite_url: str,
+) -> None:
+    """The console resolves by the release rule, as `fencegate keys resolve` does: the story's
+    key became unknown just now, so within the release margin a copy of its request may
+    still be on its way."""
+    async for story in make_story(sqlite_url, release_margin=600):
+        async with story.client() as client:
+            csrf = await sign_in(client, "night-op")
+            page = await client.get("/key", params={"tenant": "acme", "key": KEY})
+            assert "Release: not yet: its outcome became unknown" in page.text
+            assert "(release margin 600 s)" in page.text and "safe from" in page.text
+            form = {"csrf": csrf, "tenant": "acme", "key": KEY, "mode": "release"}
+            html = {"origin": ORIGIN, "accept": "text/html"}
+            review = await client.post(
+                "/key/resolve", data={**form, "step": "review"}, headers=html
+            )
+            assert "Not safe yet, so this will be refused" in review.text
+            refused = await client.post(
+                "/key/resolve", data={**form, "step": "confirm"}, headers={"origin": ORIGIN}
+            )
+            assert refused.status_code == 409
+            assert refused.headers["content-type"] == "application/problem+json"
+            problem = refused.json()
+            assert problem["type"].endswith("/release-unsafe")
+            assert (problem["blocker"], problem["release_margin"]) == ("release_margin", 600)
+            assert "a request sent before then may still be on its way" in problem["detail"]
+            assert f"safe to release from {problem['safe_from']}" in problem["detail"]
+            assert await key_state(story.url) == "outcome_unknown"
+            assert await audit_rows(story.url) == []
+
+            forced = {**form, "force": "yes", "reason": "upstream has no charge"}
+            review = await client.post(
+                "/key/resolve", data={**forced, "step": "review"}, headers=html
+            )
+            assert "Forced: the release rule is skipped." in review.text
+            done = await client.post(
+                "/key/resolve", data={**forced, "step": "confirm"}, headers=html
+            )
+            assert done.status_code == 303, done.text
+            assert await key_state(story.url) is None
+            [row] = await audit_rows(story.url)
+            assert (row["actor"], row["action"], row["reason"]) == (
+                "console:night-op", "keys.resolve_forced", "upstream has no charge",
+            )  # fmt: skip
 
 
 async def test_bad_status_is_a_clear_error(story: Story) -> None:

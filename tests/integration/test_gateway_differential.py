@@ -250,19 +250,49 @@ class TwoStores(RuleBasedStateMachine):
         tenant=st.sampled_from(["t1", "t2"]),
         key=st.sampled_from(["k1", "k2", "k3"]),
         status=st.sampled_from([None, 200, 409]),
+        margin=st.sampled_from([0.0, 30.0]),
+        force=st.sampled_from([False, False, False, True]),
     )
-    def resolve(self, tenant: str, key: str, status: int | None) -> None:
+    def resolve(
+        self, tenant: str, key: str, status: int | None, margin: float, force: bool
+    ) -> None:
         """An operator records an answer for a key (or releases it): only a key whose outcome
-        is unknown may be resolved, on both stores alike."""
+        is unknown, and only when the release rule allows it (or forced), on both stores
+        alike; refused for the same reason."""
         answer = (
             None
             if status is None
             else StoredResponse(status, [("content-type", "text/plain")], b"by hand", "op")
         )
         lite, pg = self.both(
-            lambda store: store.resolve_key(tenant, key, answer, resolved_by="op", timeout=TIMEOUT)
+            lambda store: store.resolve_key(
+                tenant,
+                key,
+                answer,
+                resolved_by="op",
+                margin=margin,
+                force=force,
+                timeout=TIMEOUT,
+            )
         )
-        assert lite == pg, (tenant, key, status)
+        assert (lite.result, lite.forced) == (pg.result, pg.forced), (tenant, key, status)
+        blockers = [r.before.release_blocker if r.before else None for r in (lite, pg)]
+        assert blockers[0] == blockers[1], (tenant, key, status, margin)
+
+    @rule(alive=st.booleans())
+    def gateway_heartbeats(self, alive: bool) -> None:
+        """The gateway process that holds every reservation here (owners ``gw/N``) is
+        registered alive, or stopped cleanly (its row gone): the release rule's owner_alive."""
+
+        async def beat(store: GatewayStore) -> None:
+            if alive:
+                await store.heartbeat_gateway(
+                    "gw", host="h", pid=1, alive_seconds=3600.0, timeout=TIMEOUT
+                )
+            else:
+                await store.deregister_gateway("gw", timeout=TIMEOUT)
+
+        self.both(beat)
 
     @rule(seconds=st.sampled_from([3.0, 11.0, 11.0, 60.0, 101.0]))
     def advance_clock(self, seconds: float) -> None:
@@ -281,13 +311,13 @@ class TwoStores(RuleBasedStateMachine):
             lite, pg = self.both(lambda store, t=tenant, k=key: store.get_key(t, k, timeout=30))
             assert (lite is None) == (pg is None), (tenant, key, lite, pg)
             if lite is not None and pg is not None:
-                assert (lite.state, lite.unknown, lite.owner, lite.attempt, lite.fence) == (
-                    pg.state,
-                    pg.unknown,
-                    pg.owner,
-                    pg.attempt,
-                    pg.fence,
-                ), (tenant, key)
+                assert (
+                    lite.state, lite.unknown, lite.owner, lite.attempt, lite.fence,
+                    lite.resolution, lite.release_blocker,
+                ) == (
+                    pg.state, pg.unknown, pg.owner, pg.attempt, pg.fence, pg.resolution,
+                    pg.release_blocker,
+                ), (tenant, key)  # fmt: skip
 
     @rule()
     def same_history(self) -> None:

@@ -15,6 +15,7 @@ from fencegate.store import (
     GatewayStore,
     Outcome,
     Reservation,
+    Resolution,
     StoredResponse,
     open_gateway_store,
 )
@@ -316,25 +317,31 @@ async def test_a_late_answer_never_overwrites_a_new_holder(store: GatewayStore) 
 
 
 async def test_an_operator_resolves_only_unknown_keys(store: GatewayStore) -> None:
-    assert await store.resolve_key("t1", "k", RESPONSE, resolved_by="op", timeout=T) == "not_found"
+    async def resolve(answer: StoredResponse | None, by: str = "op") -> Resolution:
+        # Margin 0: this test's requests are never on their way (see test_safe_release.py).
+        return await store.resolve_key("t1", "k", answer, resolved_by=by, margin=0.0, timeout=T)
+
+    assert (await resolve(RESPONSE)).result == "not_found"
     first = await store.decide(BASE, timeout=T)
-    # In flight under a live lease: not the operator's to decide.
-    live = await store.resolve_key("t1", "k", None, resolved_by="op", timeout=T)
-    assert live == "not_unknown"
+    # In flight under a live lease: its gateway may be sending it now.
+    live = await resolve(None)
+    assert live.result == "blocked"
+    assert live.before is not None and live.before.release_blocker == "lease_live"
     assert await store.mark_unknown(holder(first.attempt), timeout=T)
-    done = await store.resolve_key("t1", "k", RESPONSE, resolved_by="operator:me", timeout=T)
-    assert done == "completed"
+    done = await resolve(RESPONSE, "operator:me")
+    assert done.result == "completed"
     record = await store.get_key("t1", "k", timeout=T)
     assert record is not None
-    assert (record.state, record.owner, record.response_status) == (
+    assert (record.state, record.owner, record.response_status, record.resolution) == (
         "completed",
         "operator:me",
         201,
+        "operator",
     )
     replay = await store.decide(replace(BASE, retry_unknown=False), timeout=T)
     assert replay.outcome is Outcome.REPLAY and replay.response is not None
     assert replay.response.body == RESPONSE.body
-    assert await store.resolve_key("t1", "k", None, resolved_by="op", timeout=T) == "not_unknown"
+    assert (await resolve(None)).result == "not_unknown"
 
 
 async def test_an_operator_releases_an_unknown_key_and_the_next_request_runs(
@@ -345,7 +352,8 @@ async def test_an_operator_releases_an_unknown_key_and_the_next_request_runs(
     first = await store.decide(replace(BASE, owner="gw-a/1"), timeout=T)
     stale_holder = holder(first.attempt, replace(BASE, owner="gw-a/1"))
     assert await store.mark_unknown(stale_holder, timeout=T)
-    assert await store.resolve_key("t1", "k", None, resolved_by="op", timeout=T) == "released"
+    released = await store.resolve_key("t1", "k", None, resolved_by="op", margin=0.0, timeout=T)
+    assert released.result == "released" and released.after is None
     assert await store.get_key("t1", "k", timeout=T) is None
     again = await store.decide(replace(BASE, owner="gw-a/2", retry_unknown=False), timeout=T)
     assert (again.outcome, again.attempt) == (Outcome.RESERVED, 1)

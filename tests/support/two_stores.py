@@ -18,7 +18,9 @@ from fencegate.store.migrations import migrate
 from tests.support import postgres
 
 # The gateway's tables, and moving their clock forward (every stored time shifted back).
-GATEWAY_TABLES = ("fencegate_idempotency_keys", "fencegate_fences", "fencegate_decisions")
+GATEWAY_TABLES = (
+    "fencegate_idempotency_keys", "fencegate_fences", "fencegate_decisions", "fencegate_gateways",
+)  # fmt: skip
 GATEWAY_PG_SHIFT = [
     "UPDATE fencegate_idempotency_keys SET locked_until = locked_until - $1::interval,"
     " reserved_at = reserved_at - $1::interval, created_at = created_at - $1::interval,"

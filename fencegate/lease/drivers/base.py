@@ -25,6 +25,7 @@ from fencegate.lease.models import (
     Scheduling,
     StageRecord,
 )
+from fencegate.store.audit import JobAudit
 from fencegate.store.backends import NamedQueries
 from fencegate.store.queries import Queries
 
@@ -202,13 +203,20 @@ class Driver(abc.ABC):
     async def release(self, lease: Lease, *, timeout: float) -> bool: ...
 
     @abc.abstractmethod
-    async def cancel(self, job_id: int, reason: Any, *, timeout: float) -> bool | None:
-        """True when cancelled, False when already finished, None when there is no such job."""
+    async def cancel(
+        self, job_id: int, reason: Any, *, audit: JobAudit | None = None, timeout: float
+    ) -> bool | None:
+        """True when cancelled, False when already finished, None when there is no such job.
+        ``audit`` gives the audit row of a cancel that happened, written in its transaction
+        from the job as it was and as it is."""
 
     @abc.abstractmethod
-    async def retry(self, job_id: int, *, timeout: float) -> bool | None:
+    async def retry(
+        self, job_id: int, *, audit: JobAudit | None = None, timeout: float
+    ) -> bool | None:
         """Queue a failed or cancelled job again, with one more attempt: True when done, False
-        when it is not failed or cancelled, None when there is no such job."""
+        when it is not failed or cancelled, None when there is no such job. ``audit`` as for
+        `cancel`."""
 
     @abc.abstractmethod
     async def commit_stage_many(

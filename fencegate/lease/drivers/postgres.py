@@ -21,6 +21,7 @@ import orjson
 from fencegate.errors import StoreUnavailable
 from fencegate.lease.drivers.base import Decoding, Driver, Row, lease_from
 from fencegate.lease.models import JobState, Lease, NewJob, Scheduling
+from fencegate.store.audit import JobAudit
 from fencegate.store.migrations import migrate_postgres
 from fencegate.store.pg import PgDatabase
 from fencegate.store.queries import Queries
@@ -169,6 +170,29 @@ class _Notifications:
 
 def _key(kinds: Sequence[str] | None) -> frozenset[str] | None:
     return None if kinds is None else frozenset(kinds)
+
+
+def _audited(
+    sql: str, args: tuple[Any, ...], job_id: int, done: str, audit: JobAudit | None
+) -> Callable[[asyncpg.Connection], Awaitable[Any]]:
+    """An operator's action on one job (its row: ``found`` and the column ``done``), and
+    with ``audit`` its audit row in the same transaction, from the job as it was (read
+    under its row lock) and as the action left it."""
+    if audit is None:
+        return lambda conn: conn.fetchrow(sql, *args)
+
+    async def run(conn: asyncpg.Connection) -> Any:
+        async with conn.transaction():
+            before = await conn.fetchrow(Q.lease_job_summary_for_update, job_id)
+            row = await conn.fetchrow(sql, *args)
+            if before is not None and row is not None and row[done]:
+                after = await conn.fetchrow(Q.lease_job_summary, job_id)
+                assert after is not None  # the row is locked: it cannot have gone
+                entry = audit(dict(before.items()), dict(after.items()))
+                await conn.execute(Q.lease_audit, *entry.arguments())
+            return row
+
+    return run
 
 
 class PostgresDriver(Driver):
@@ -343,17 +367,24 @@ class PostgresDriver(Driver):
         )
         return bool(count)
 
-    async def cancel(self, job_id: int, reason: Any, *, timeout: float) -> bool | None:
+    async def cancel(
+        self, job_id: int, reason: Any, *, audit: JobAudit | None = None, timeout: float
+    ) -> bool | None:
         row = await self._run(
-            lambda conn: conn.fetchrow(Q.lease_cancel, job_id, _dumps(reason)), timeout=timeout
+            _audited(Q.lease_cancel, (job_id, _dumps(reason)), job_id, "cancelled", audit),
+            timeout=timeout,
         )
         assert row is not None
         if not row["found"]:
             return None
         return bool(row["cancelled"])
 
-    async def retry(self, job_id: int, *, timeout: float) -> bool | None:
-        row = await self._run(lambda conn: conn.fetchrow(Q.lease_retry, job_id), timeout=timeout)
+    async def retry(
+        self, job_id: int, *, audit: JobAudit | None = None, timeout: float
+    ) -> bool | None:
+        row = await self._run(
+            _audited(Q.lease_retry, (job_id,), job_id, "retried", audit), timeout=timeout
+        )
         assert row is not None
         if not row["found"]:
             return None

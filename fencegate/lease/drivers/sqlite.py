@@ -23,6 +23,7 @@ from fencegate.errors import StoreUnavailable
 from fencegate.lease.drivers.base import Decoding, Driver, lease_from
 from fencegate.lease.drivers.sqlite_limits import LOOKAHEAD, choose, read_limits, spend_tokens
 from fencegate.lease.models import JobState, Lease, NewJob, Scheduling
+from fencegate.store.audit import JobAudit
 from fencegate.store.migrations import migrate_sqlite_sync
 from fencegate.store.queries import Queries
 from fencegate.store.sqlite_db import SQLiteDatabase
@@ -229,6 +230,30 @@ def _retry(conn: sqlite3.Connection, job_id: int) -> bool | None:
     return True
 
 
+def _audited(
+    act: Callable[[sqlite3.Connection], bool | None], job_id: int, audit: JobAudit | None
+) -> Callable[[sqlite3.Connection], bool | None]:
+    """``act`` on one job and, when it did something, the audit row ``audit`` gives, in the
+    same write transaction: from the job as it was and as ``act`` left it."""
+    if audit is None:
+        return act
+
+    def run(conn: sqlite3.Connection) -> bool | None:
+        before = conn.execute(Q.lease_job_summary, (job_id,)).fetchone()
+        done = act(conn)
+        if done and before is not None:
+            after = conn.execute(Q.lease_job_summary, (job_id,)).fetchone()
+            entry = audit(_as_dict(before), _as_dict(after))
+            conn.execute(Q.audit, entry.arguments())
+        return done
+
+    return run
+
+
+def _as_dict(row: sqlite3.Row) -> dict[str, Any]:
+    return dict(zip(row.keys(), tuple(row), strict=True))
+
+
 class SQLiteDriver(Driver):
     queries = Q
     decoding = DECODING
@@ -403,14 +428,18 @@ class SQLiteDriver(Driver):
 
         return await self._run(run, timeout=timeout, write=True)
 
-    async def cancel(self, job_id: int, reason: Any, *, timeout: float) -> bool | None:
+    async def cancel(
+        self, job_id: int, reason: Any, *, audit: JobAudit | None = None, timeout: float
+    ) -> bool | None:
         encoded = _dumps(reason)
-        return await self._run(
-            lambda conn: _cancel(conn, job_id, encoded), timeout=timeout, write=True
-        )
+        act = _audited(lambda conn: _cancel(conn, job_id, encoded), job_id, audit)
+        return await self._run(act, timeout=timeout, write=True)
 
-    async def retry(self, job_id: int, *, timeout: float) -> bool | None:
-        return await self._run(lambda conn: _retry(conn, job_id), timeout=timeout, write=True)
+    async def retry(
+        self, job_id: int, *, audit: JobAudit | None = None, timeout: float
+    ) -> bool | None:
+        act = _audited(lambda conn: _retry(conn, job_id), job_id, audit)
+        return await self._run(act, timeout=timeout, write=True)
 
     async def commit_stage_many(
         self, items: Sequence[tuple[Lease, str, str, Any]], *, timeout: float

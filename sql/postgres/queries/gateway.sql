@@ -69,46 +69,77 @@ ON CONFLICT (key_id, nonce) DO UPDATE SET expires_at = EXCLUDED.expires_at
     WHERE n.expires_at <= now()
 RETURNING 1;
 
--- name: get_key
+-- template: key_read
 -- One key as an operator sees it; unknown = marked so, or in flight with an expired lease.
-SELECT tenant, key, state::text AS state, owner, attempt, entity, fence, fingerprint,
-    extract(epoch FROM locked_until)::float8 AS locked_until,
-    extract(epoch FROM reserved_at)::float8 AS reserved_at,
-    extract(epoch FROM created_at)::float8 AS created_at,
-    extract(epoch FROM completed_at)::float8 AS completed_at,
-    extract(epoch FROM expires_at)::float8 AS expires_at,
-    response_status, extract(epoch FROM now())::float8 AS now,
-    (state = 'outcome_unknown' OR (state = 'in_flight' AND locked_until <= now())) AS unknown
-FROM fencegate_idempotency_keys WHERE tenant = $1 AND key = $2;
+-- With its owner gateway's last heartbeat, and what the release rule says of it now ($3: the
+-- release margin in seconds). Never the request's body.
+SELECT k.tenant, k.key, k.state::text AS state, k.owner, k.attempt, k.entity, k.fence,
+    k.fingerprint,
+    extract(epoch FROM k.locked_until)::float8 AS locked_until,
+    extract(epoch FROM k.reserved_at)::float8 AS reserved_at,
+    extract(epoch FROM k.created_at)::float8 AS created_at,
+    extract(epoch FROM k.completed_at)::float8 AS completed_at,
+    extract(epoch FROM k.expires_at)::float8 AS expires_at,
+    k.response_status, extract(epoch FROM now())::float8 AS now,
+    (k.state = 'outcome_unknown' OR (k.state = 'in_flight' AND k.locked_until <= now()))
+        AS unknown,
+    k.method, k.target, k.unknown_reason, k.resolution,
+    extract(epoch FROM k.reconcile_after)::float8 AS reconcile_after,
+    k.reconcile_tries, k.reconcile_note,
+    extract(epoch FROM g.heartbeat_at)::float8 AS gateway_heartbeat_at,
+    extract(epoch FROM g.alive_until)::float8 AS gateway_alive_until,
+    fencegate_release_blocker(k.state::text, k.owner, k.locked_until, $3::float8)
+        AS release_blocker,
+    $3::float8 AS release_margin
+FROM fencegate_idempotency_keys k
+LEFT JOIN fencegate_gateways g ON g.instance = split_part(k.owner, '/', 1)
+WHERE k.tenant = $1 AND k.key = $2 /* TEMPLATE: lock */;
+
+-- name: get_key from key_read
+-- lock: /* a read: no lock */
+
+-- name: get_key_for_update from key_read
+-- An operator's action reads the key it changes under its row lock, in its transaction.
+-- lock: FOR UPDATE OF k
 
 -- name: resolve_completed
--- An operator records the upstream's real answer for a key whose outcome is unknown.
+-- An operator records the upstream's real answer for a key whose outcome is unknown, when
+-- the release rule allows it ($4: the release margin) or when forced ($5): an answer recorded
+-- while a copy of the request may still be on its way is as unsafe as a release. The rule is
+-- checked on the row this statement changes, not before it.
 WITH resolved AS (
     UPDATE fencegate_idempotency_keys SET state = 'completed', owner = $3,
-        response_status = $4, response_headers = $5::jsonb, response_body = $6,
-        response_sha256 = $7, body_too_large = false, completed_at = now(), locked_until = NULL
-    WHERE tenant = $1 AND key = $2
-        AND (state = 'outcome_unknown' OR (state = 'in_flight' AND locked_until <= now()))
+        response_status = $6, response_headers = $7::jsonb, response_body = $8,
+        response_sha256 = $9, body_too_large = false, completed_at = now(), locked_until = NULL,
+        resolution = CASE WHEN $5::boolean THEN 'forced' ELSE 'operator' END
+    WHERE tenant = $1 AND key = $2 AND state IN ('in_flight', 'outcome_unknown')
+        AND ($5::boolean OR fencegate_release_blocker(state::text, owner, locked_until, $4) IS NULL)
     RETURNING tenant, entity, key, fence, attempt, owner, expires_at
 ), history AS (
     INSERT INTO fencegate_decisions (
         tenant, entity, key, fence, decision, attempt, owner, upstream_status, expires_at)
-    SELECT tenant, entity, key, fence, 'resolved_completed', attempt, owner, $4, expires_at
+    SELECT tenant, entity, key, fence,
+        CASE WHEN $5::boolean THEN 'resolved_forced' ELSE 'resolved_completed' END,
+        attempt, owner, $6, expires_at
     FROM resolved
 )
 SELECT count(*) FROM resolved;
 
 -- name: resolve_released
--- An operator releases a key whose outcome is unknown: the next request runs again.
+-- An operator releases a key whose outcome is unknown, when the release rule allows it ($4:
+-- the release margin) or when forced ($5): the next request runs again. The rule is checked
+-- on the row this statement deletes, not before it.
 WITH released AS (
     DELETE FROM fencegate_idempotency_keys
-    WHERE tenant = $1 AND key = $2
-        AND (state = 'outcome_unknown' OR (state = 'in_flight' AND locked_until <= now()))
+    WHERE tenant = $1 AND key = $2 AND state IN ('in_flight', 'outcome_unknown')
+        AND ($5::boolean OR fencegate_release_blocker(state::text, owner, locked_until, $4) IS NULL)
     RETURNING tenant, entity, key, fence, attempt, expires_at
 ), history AS (
     INSERT INTO fencegate_decisions (
         tenant, entity, key, fence, decision, attempt, owner, expires_at)
-    SELECT tenant, entity, key, fence, 'resolved_released', attempt, $3, expires_at
+    SELECT tenant, entity, key, fence,
+        CASE WHEN $5::boolean THEN 'resolved_forced' ELSE 'resolved_released' END,
+        attempt, $3, expires_at
     FROM released
 )
 SELECT count(*) FROM released;
@@ -139,3 +170,28 @@ DELETE FROM fencegate_decisions WHERE id = ANY(ARRAY(
 
 -- name: ping
 SELECT 1;
+
+-- The gateway registry: each gateway process heartbeats its row (fencegate/gateway/registry.py).
+
+-- name: gateway_heartbeat
+-- Registers the process, or keeps it alive: alive until $4 seconds from now (database clock).
+INSERT INTO fencegate_gateways AS g (instance, host, pid, alive_until)
+VALUES ($1, $2, $3, now() + make_interval(secs => $4))
+ON CONFLICT (instance) DO UPDATE
+SET heartbeat_at = now(), alive_until = EXCLUDED.alive_until;
+
+-- name: gateway_deregister
+-- A clean stop, once the process owes no write.
+DELETE FROM fencegate_gateways WHERE instance = $1;
+
+-- name: gateway_purge
+-- Rows of processes that stopped without deregistering ($1: seconds since they expired).
+DELETE FROM fencegate_gateways WHERE alive_until < now() - make_interval(secs => $1);
+
+-- name: gateways
+SELECT instance, host, pid,
+    extract(epoch FROM started_at)::float8 AS started_at,
+    extract(epoch FROM heartbeat_at)::float8 AS heartbeat_at,
+    extract(epoch FROM alive_until)::float8 AS alive_until,
+    extract(epoch FROM now())::float8 AS now
+FROM fencegate_gateways ORDER BY instance;

@@ -447,3 +447,19 @@ SELECT i.ord,
                 WHERE h.id = i.id AND h.fencing_token = i.fencing_token) AS committed
   FROM input AS i
  ORDER BY i.ord;
+
+-- name: lease_job_summary
+-- A job as an operator's audit record keeps it, before and after the action, read in the
+-- action's transaction.
+SELECT id, kind, state, attempt, max_attempts, fencing_token, owner_id
+  FROM fencegate_jobs WHERE id = $1;
+
+-- name: lease_job_summary_for_update
+SELECT id, kind, state, attempt, max_attempts, fencing_token, owner_id
+  FROM fencegate_jobs WHERE id = $1 FOR UPDATE;
+
+-- name: lease_audit
+-- The audit row of an operator's action on a job, in its transaction: before and after are
+-- JSON text (this pool encodes jsonb parameters itself; text is taken as it is).
+INSERT INTO fencegate_audit (actor, action, tenant, subject, reason, before, after)
+VALUES ($1, $2, $3, $4, $5, $6::text::jsonb, $7::text::jsonb);

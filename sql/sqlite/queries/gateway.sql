@@ -93,24 +93,35 @@ WHERE fencegate_signature_nonces.expires_at <= (julianday('now') - 2440587.5) * 
 
 -- name: get_key
 -- One key as an operator sees it; unknown = marked so, or in flight with an expired lease.
-SELECT tenant, key, state, owner, attempt, entity, fence, fingerprint, locked_until,
-    reserved_at, created_at, completed_at, expires_at, response_status, :now AS now,
-    (state = 'outcome_unknown' OR (state = 'in_flight' AND locked_until <= :now)) AS unknown
-FROM fencegate_idempotency_keys WHERE tenant = :tenant AND key = :key;
+-- With its owner gateway's last heartbeat (the gateway: the owner's text before its first
+-- '/'); the release rule is asked in Python (fencegate/store/release_rule.py). Never the
+-- request's body.
+SELECT k.tenant, k.key, k.state, k.owner, k.attempt, k.entity, k.fence, k.fingerprint,
+    k.locked_until, k.reserved_at, k.created_at, k.completed_at, k.expires_at,
+    k.response_status, :now AS now,
+    (k.state = 'outcome_unknown' OR (k.state = 'in_flight' AND k.locked_until <= :now))
+        AS unknown,
+    k.method, k.target, k.unknown_reason, k.resolution, k.reconcile_after, k.reconcile_tries,
+    k.reconcile_note, g.heartbeat_at AS gateway_heartbeat_at,
+    g.alive_until AS gateway_alive_until
+FROM fencegate_idempotency_keys k
+LEFT JOIN fencegate_gateways g ON g.instance = CASE WHEN instr(k.owner, '/') > 0
+    THEN substr(k.owner, 1, instr(k.owner, '/') - 1) ELSE k.owner END
+WHERE k.tenant = :tenant AND k.key = :key;
 
 -- name: resolve_completed
+-- Run in the write transaction that asked the release rule (or was forced): the key is
+-- still as it was read.
 UPDATE fencegate_idempotency_keys
 SET state = 'completed', owner = :owner, response_status = :status,
     response_headers = :headers, response_body = :body, response_sha256 = :sha256,
-    body_too_large = 0, completed_at = :now, locked_until = NULL
-WHERE tenant = :tenant AND key = :key
-    AND (state = 'outcome_unknown' OR (state = 'in_flight' AND locked_until <= :now))
+    body_too_large = 0, completed_at = :now, locked_until = NULL, resolution = :resolution
+WHERE tenant = :tenant AND key = :key AND state IN ('in_flight', 'outcome_unknown')
 RETURNING entity, fence, attempt, expires_at;
 
 -- name: resolve_released
 DELETE FROM fencegate_idempotency_keys
-WHERE tenant = :tenant AND key = :key
-    AND (state = 'outcome_unknown' OR (state = 'in_flight' AND locked_until <= :now))
+WHERE tenant = :tenant AND key = :key AND state IN ('in_flight', 'outcome_unknown')
 RETURNING entity, fence, attempt, expires_at;
 
 -- name: migrations_table
@@ -142,3 +153,25 @@ DELETE FROM fencegate_decisions WHERE id IN (
 
 -- name: ping
 SELECT 1;
+
+-- The gateway registry: each gateway process heartbeats its row (fencegate/gateway/registry.py).
+
+-- name: gateway_heartbeat
+-- Registers the process, or keeps it alive: alive until ?4 seconds from now (database clock).
+INSERT INTO fencegate_gateways (instance, host, pid, started_at, heartbeat_at, alive_until)
+VALUES (?1, ?2, ?3, (julianday('now') - 2440587.5) * 86400.0,
+    (julianday('now') - 2440587.5) * 86400.0, (julianday('now') - 2440587.5) * 86400.0 + ?4)
+ON CONFLICT (instance) DO UPDATE
+SET heartbeat_at = excluded.heartbeat_at, alive_until = excluded.alive_until;
+
+-- name: gateway_deregister
+DELETE FROM fencegate_gateways WHERE instance = ?1;
+
+-- name: gateway_purge
+DELETE FROM fencegate_gateways
+WHERE alive_until < (julianday('now') - 2440587.5) * 86400.0 - ?1;
+
+-- name: gateways
+SELECT instance, host, pid, started_at, heartbeat_at, alive_until,
+    (julianday('now') - 2440587.5) * 86400.0 AS now
+FROM fencegate_gateways ORDER BY instance;

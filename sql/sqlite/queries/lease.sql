@@ -281,3 +281,9 @@ ON CONFLICT (provider) DO UPDATE
    SET capacity = excluded.capacity, per_seconds = excluded.per_seconds,
        tokens = min(tokens, excluded.capacity)
  WHERE (capacity, per_seconds) IS NOT (excluded.capacity, excluded.per_seconds);
+
+-- name: lease_job_summary
+-- A job as an operator's audit record keeps it, before and after the action, read in the
+-- action's write transaction.
+SELECT id, kind, state, attempt, max_attempts, fencing_token, owner_id
+  FROM fencegate_jobs WHERE id = ?1;
