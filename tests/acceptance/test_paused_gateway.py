@@ -122,7 +122,7 @@ class PausedStory:
                         self.b.url,
                         key,
                         self.tally,
-                        on_unknown=lambda k: self.operator.settle(k, timeout=40),
+                        on_unknown=lambda k, p: self.operator.settle(k, p, timeout=40),
                         ran=self.upstream.acount,
                         timeout=45,
                     )

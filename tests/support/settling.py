@@ -2,11 +2,12 @@
 again until it has its answer, and an operator who follows a 424's instructions with the real
 `fencegate keys resolve`; plus reading a story's keys from either store and pausing a gateway.
 
-The operator reads the upstream's execution log (`UpstreamProcess.answers`), then records the
-answer the upstream gave (``--completed``) where it ran the key, or releases the key
-(``--release``) where it did not. When the command refuses (releasing is not safe yet: a copy
-of the request may still be on its way), the operator reads the log again before acting: a
-decision made on a log read before the release was safe may be wrong.
+The operator does what the 424 says: waits until the time it names as safe for settling the
+key by hand (``release_safe_from``: no copy of the request can still be on its way), reads the
+upstream's execution log (`UpstreamProcess.answers`), then records the answer the upstream
+gave (``--completed``) where it ran the key, or releases the key (``--release``) where it did
+not. When the command refuses anyway, the log is read again before acting: a decision made on
+a read from before releasing was safe may be wrong.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -73,13 +75,16 @@ class Tally:
     answers: collections.Counter[str] = field(default_factory=collections.Counter)
     resolutions: collections.Counter[str] = field(default_factory=collections.Counter)
     refusals: collections.Counter[str] = field(default_factory=collections.Counter)
-    # Keys answered 424 while the upstream had never run them (a false 424), with when.
+    # Keys answered 424 while the upstream had never run them (a false 424).
     false_unknown: list[str] = field(default_factory=list)
+    # Seconds operators waited for the time the 424 says settling by hand is safe from.
+    waits: list[float] = field(default_factory=list)
 
     def summary(self) -> str:
+        waited = f", waited up to {max(self.waits):.1f} s for safe" if self.waits else ""
         return (
             f"answers {dict(self.answers)}, resolutions {dict(self.resolutions)}, "
-            f"refusals {dict(self.refusals)}"
+            f"refusals {dict(self.refusals)}{waited}"
         )
 
 
@@ -105,68 +110,85 @@ class Operator:
         self._running = asyncio.Semaphore(OPERATOR_PARALLEL)
         self._settling: dict[str, asyncio.Task[str]] = {}
 
-    async def settle(self, key: str, *, timeout: float) -> str:
-        """Resolve ``key`` once (concurrent callers share the one resolution); returns
-        ``completed`` or ``released``."""
+    async def settle(
+        self, key: str, problem: dict[str, Any] | None = None, *, timeout: float
+    ) -> str:
+        """Resolve ``key`` as its 424 (``problem``) says, once: concurrent callers share the
+        one resolution. Returns ``completed``, ``released``, or ``gone`` (released meanwhile
+        by its gateway)."""
         task = self._settling.get(key)
         if task is None or (task.done() and task.exception() is not None):
-            task = self._settling[key] = asyncio.ensure_future(self._settle(key, timeout))
+            task = self._settling[key] = asyncio.ensure_future(
+                self._settle(key, problem or {}, timeout)
+            )
         return await asyncio.shield(task)
 
-    async def _settle(self, key: str, timeout: float) -> str:
+    async def _settle(self, key: str, problem: dict[str, Any], timeout: float) -> str:
         deadline = time.monotonic() + timeout
+        # The 424 says from when settling by hand is safe: from then on no copy of the
+        # request can still be on its way, so the upstream's log is read only then (a read
+        # before it could miss a copy that arrives later).
+        safe_from = problem.get("release_safe_from")
+        if safe_from:
+            wait = datetime.fromisoformat(safe_from).timestamp() - time.time()
+            self.tally.waits.append(max(wait, 0.0))
+            await asyncio.sleep(max(wait, 0.0))
         last = ""
         while time.monotonic() < deadline:
-            log = await self.upstream.aanswers(key)
-            ran = await self.upstream.acount(key)
-            if ran > len(log):
-                # Counted on arrival, logged once answered: it is running now.
-                last = f"the upstream ran it {ran} times and answered {len(log)}"
+            # The log is read right before the command runs, not before waiting for a turn.
+            async with self._running:
+                args, outcome = await self._what_the_log_says(key)
+                done = await self._run(key, *args) if args else None
+            if done is None:
+                last = f"the upstream is running {key!r} now"
                 await asyncio.sleep(0.1)
                 continue
-            if log:
-                answer = log[0]
-                body = self.workdir / f"answer-{hashlib.sha256(key.encode()).hexdigest()}.json"
-                body.write_text(answer["body"], encoding="utf-8")
-                args = ["--completed", "--status", str(answer["status"]), "--body", f"@{body}"]
-                outcome = "completed"
-            else:
-                args, outcome = ["--release"], "released"
-            done = await self.resolve(key, *args)
             if done.returncode == 0:
                 self.tally.resolutions[outcome] += 1
                 return outcome
             if f"no key {key!r}" in done.stderr:
-                # Released meanwhile (by its gateway): the next request runs again.
                 self.tally.resolutions["found nothing"] += 1
                 return "gone"
+            # Refused (not safe yet): the log is read again before acting.
             last = done.stderr.strip()
             self.tally.refusals[refusal_reason(last)] += 1
             await asyncio.sleep(0.3)
         raise AssertionError(f"the operator could not resolve {key!r} in {timeout}s: {last}")
 
-    async def resolve(self, key: str, *args: str) -> CommandResult:
+    async def _what_the_log_says(self, key: str) -> tuple[list[str], str]:
+        """The resolve arguments the upstream's log calls for (none while it runs the key)."""
+        log = await self.upstream.aanswers(key)
+        if await self.upstream.acount(key) > len(log):
+            return [], ""  # counted on arrival, logged once answered: it is running now
+        if not log:
+            return ["--release"], "released"
+        body = self.workdir / f"answer-{hashlib.sha256(key.encode()).hexdigest()}.json"
+        body.write_text(log[0]["body"], encoding="utf-8")
+        return ["--completed", "--status", str(log[0]["status"]), "--body", f"@{body}"], (
+            "completed"
+        )
+
+    async def _run(self, key: str, *args: str) -> CommandResult:
         command = [
             sys.executable, "-m", "fencegate.cli", "keys", "resolve", key, "--tenant", TENANT,
             "--database-url", self.database_url, *args, "--by", "story-operator",
             "--reason", "followed the 424",
         ]  # fmt: skip
         if self.release_margin is not None:
-            command += ["--release-margin", str(self.release_margin)]
-        async with self._running:
-            proc = await asyncio.create_subprocess_exec(
-                *command,
-                cwd=self.workdir,
-                env=child_env(self.env),
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-            )
-            try:
-                out, err = await asyncio.wait_for(proc.communicate(), timeout=60)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
-                raise
+            command += ["--release-margin", f"{self.release_margin:g}"]
+        proc = await asyncio.create_subprocess_exec(
+            *command,
+            cwd=self.workdir,
+            env=child_env(self.env),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), timeout=60)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+            raise
         assert proc.returncode is not None
         return CommandResult(proc.returncode, out.decode(), err.decode())
 
@@ -201,14 +223,15 @@ async def until_answered(
     key: str,
     tally: Tally,
     *,
-    on_unknown: Callable[[str], Awaitable[object]],
+    on_unknown: Callable[[str, dict[str, Any]], Awaitable[object]],
     ran: Callable[[str], Awaitable[int]],
     timeout: float,
     max_wait: float = MAX_RETRY_WAIT,
 ) -> httpx.Response:
     """Send the keyed request until it is answered 200: waiting on 409 and 503 (what they
-    ask, up to ``max_wait`` seconds), and on 424 calling ``on_unknown`` (the operator). A
-    424 for a key the upstream never ran is noted in ``tally.false_unknown``."""
+    ask, up to ``max_wait`` seconds), and on 424 calling ``on_unknown`` with the key and the
+    424's body (the operator). A 424 for a key the upstream never ran is noted in
+    ``tally.false_unknown``."""
     deadline = time.monotonic() + timeout
     while True:
         response = await send_keyed(client, base, key)
@@ -220,7 +243,7 @@ async def until_answered(
         if response.status_code == 424:
             if await ran(key) == 0:
                 tally.false_unknown.append(key)
-            await on_unknown(key)
+            await on_unknown(key, response.json())
             continue
         assert response.status_code in (409, 503), (response.status_code, response.text)
         wait = float(response.headers.get("retry-after", "1"))
