@@ -15,8 +15,10 @@ from fencegate.store.migrations import migrate
 from tests.support import postgres
 from tests.support.pre_1_0 import build_pre_1_0
 
-# The run must leave the working tree as it found it (tracked files, untracked files).
-pytest_plugins = ["tests.support.clean_tree"]
+# The run must leave the working tree as it found it (tracked files, untracked files); the
+# run's folder holds the private PostgreSQL cluster every xdist worker shares; how the tests
+# are spread over xdist's workers.
+pytest_plugins = ["tests.support.clean_tree", "tests.support.run_folder", "tests.support.parallel"]
 
 
 @pytest.fixture(scope="session")
@@ -31,11 +33,14 @@ UPGRADE_FROM = os.environ.get("FENCEGATE_TEST_UPGRADE_FROM")
 
 @pytest.fixture
 async def pg_url(pg_server_url: str) -> AsyncIterator[str]:
-    """A new, migrated PostgreSQL database for one test."""
-    url = await postgres.create_database(pg_server_url)
+    """A new, migrated PostgreSQL database for one test (a copy of the run's template, or,
+    in an upgrade run, one the pre-1.0 migrations built and this release upgraded)."""
     if UPGRADE_FROM:
+        url = await postgres.create_database(pg_server_url)
         await build_pre_1_0(url, "postgresql")
-    await migrate(url)
+        await migrate(url)
+    else:
+        url = await postgres.create_migrated_database(pg_server_url)
     try:
         yield url
     finally:

@@ -1,7 +1,8 @@
 """The test run leaves the working tree as it found it: no tracked file rewritten, no
 untracked file left behind (screenshots for the README, say, are made on purpose with
 ``FENCEGATE_SCREENSHOTS``, not by every run). Checked with ``git status`` at the start and
-at the end of the session; a change fails the run and names the paths."""
+at the end of the session (by the controlling process under pytest-xdist); a change fails the
+run and names the paths."""
 
 from __future__ import annotations
 
@@ -35,11 +36,20 @@ def changed_by_run(before: set[str] | None, after: set[str] | None) -> list[str]
     return sorted(line for line in after - before if not (asked and asked in line))
 
 
+def _is_xdist_worker(config: pytest.Config) -> bool:
+    # The controlling process looks before the first worker starts and after the last ends; a
+    # worker looking at the end would see another worker's test in the middle of its work.
+    return hasattr(config, "workerinput")
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
-    session.config.stash[_BEFORE] = tree_status()
+    if not _is_xdist_worker(session.config):
+        session.config.stash[_BEFORE] = tree_status()
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _is_xdist_worker(session.config):
+        return
     changed = changed_by_run(session.config.stash.get(_BEFORE, None), tree_status())
     if not changed:
         return

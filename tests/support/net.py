@@ -2,17 +2,50 @@
 
 from __future__ import annotations
 
+import itertools
+import os
 import queue
+import random
 import select
 import socket
 import threading
 import time
 
+# Ports handed out for servers the tests start (free_port): below Linux's ephemeral range
+# (32768-60999), where no client socket takes them, and a block of its own for each
+# pytest-xdist worker, so that two workers never hand out the same port. The start within the
+# block is random, so that two runs at once rarely try the same port first; a port found
+# taken (a service, another run) is skipped.
+PORT_BASE = 20000
+PORT_BLOCK = 1000
+PORT_BLOCKS = 12
+
+
+def _worker_index() -> int:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")  # "gw3"; unset without xdist
+    digits = worker.removeprefix("gw")
+    return int(digits) % PORT_BLOCKS if digits.isdigit() else 0
+
+
+_block_start = PORT_BASE + _worker_index() * PORT_BLOCK
+_first = random.randrange(PORT_BLOCK)
+_next_ports = itertools.cycle(
+    [_block_start + (_first + offset) % PORT_BLOCK for offset in range(PORT_BLOCK)]
+)
+
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port nobody listens on, for a server this test is about to start. Unique
+    within this process (and this worker's block) until the block has gone round."""
+    for _ in range(PORT_BLOCK):
+        port = next(_next_ports)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {_block_start}-{_block_start + PORT_BLOCK - 1}")
 
 
 def wait_for_port(port: int, *, host: str = "127.0.0.1", timeout: float = 15.0) -> None:

@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 import asyncpg
 
 from tests.support.net import free_port, wait_for_port
-from tests.support.postgres import _pg_bindir
+from tests.support.postgres import pg_bindir
 from tests.support.topology import give_to_server_user, server_user
 
 
@@ -164,7 +164,7 @@ def _children(pid: int) -> list[int]:
 
 class PatroniCluster:
     def __init__(self, *, synchronous: bool) -> None:
-        bindir = _pg_bindir()
+        bindir = pg_bindir()
         assert bindir is not None
         self.bindir = bindir
         self.synchronous = synchronous

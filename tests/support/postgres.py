@@ -1,42 +1,63 @@
 """Where the tests find PostgreSQL.
 
-1. ``FENCEGATE_TEST_DATABASE_URL`` (a server URL; each test gets its own database on it);
-2. otherwise the local service at 127.0.0.1:5432, if it answers;
-3. otherwise a private cluster started for this test session, with ``initdb``/``pg_ctl``
-   when they are installed, else the ``pgserver`` wheel.
+- ``FENCEGATE_TEST_DATABASE_URL``, when set, names a server; each test gets its own database
+  on it and nothing else on it is touched.
+- Otherwise the run starts a private cluster of its own (``initdb``/``pg_ctl`` when the server
+  binaries are installed, else those shipped in the ``pgserver`` wheel), tuned for tests
+  (no fsync) and stopped at the end. A service that happens to answer at 127.0.0.1:5432 is
+  not used unless named.
+
+One private cluster serves a whole run, however many pytest-xdist workers it has: the run's
+folder (``FENCEGATE_TEST_RUN_DIR``, made by the controlling process, see
+tests/support/run_folder.py) holds a lock file and ``server.json``; the first process that needs
+the server starts it under the lock and writes its URL there, the others read it, and the
+controlling process stops it when the run ends.
+
+Each migrated test database is a copy of a template migrated once per run (``CREATE DATABASE
+... TEMPLATE``), which is much cheaper than running every migration for every test.
 """
 
 from __future__ import annotations
 
-import asyncio
 import atexit
+import contextlib
+import fcntl
 import glob
+import json
 import os
 import pwd
 import shutil
 import subprocess
 import tempfile
 import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
-DEFAULT_LOCAL_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+from tests.support.net import free_port
+
+URL_ENV = "FENCEGATE_TEST_DATABASE_URL"
+RUN_DIR_ENV = "FENCEGATE_TEST_RUN_DIR"
+RUN_DIR_PREFIX = "fencegate-testrun-"
+# Settings of the private cluster: no fsync (a killed server still recovers from its WAL;
+# only an OS crash would lose data, and then the run is lost anyway), and room for several
+# xdist workers, each running gateways with pools of their own. synchronous_commit stays at
+# its default: the gateway sets it per transaction and a test checks that it does.
+PRIVATE_SETTINGS = {
+    "max_connections": "400",
+    "fsync": "off",
+    "full_page_writes": "off",
+}
 
 
-async def _answers(url: str) -> bool:
-    try:
-        conn = await asyncpg.connect(url, timeout=3)
-    except (TimeoutError, OSError, asyncpg.PostgresError):
-        return False
-    await conn.close()
-    return True
-
-
-def _pg_bindir() -> str | None:
+def pg_bindir() -> str | None:
+    """The installed PostgreSQL server binaries (initdb, pg_ctl, ...), or None."""
     pg_config = shutil.which("pg_config")
     if pg_config:
-        out = subprocess.run([pg_config, "--bindir"], capture_output=True, text=True)
+        out = subprocess.run([pg_config, "--bindir"], capture_output=True, text=True, timeout=30)
         bindir = out.stdout.strip()
         if os.path.exists(os.path.join(bindir, "initdb")):
             return bindir
@@ -44,44 +65,14 @@ def _pg_bindir() -> str | None:
     return os.path.dirname(found[-1]) if found else None
 
 
-def _start_with_initdb(bindir: str) -> str:
-    datadir = tempfile.mkdtemp(prefix="fencegate-pg-")
-    port = 15400 + os.getpid() % 1000
-    run_as: list[str] = []
-    if os.geteuid() == 0:  # initdb refuses to run as root
-        user = "postgres" if _user_exists("postgres") else "nobody"
-        shutil.chown(datadir, user)
-        run_as = ["runuser", "-u", user, "--"]
-    subprocess.run(
-        [*run_as, f"{bindir}/initdb", "-D", datadir, "-A", "trust", "-U", "postgres"],
-        check=True,
-        capture_output=True,
-    )
-    subprocess.run(
-        [
-            *run_as,
-            f"{bindir}/pg_ctl",
-            "-D",
-            datadir,
-            "-w",
-            "-l",
-            f"{datadir}/log",
-            "-o",
-            f"-p {port} -k {datadir} -h 127.0.0.1 -c max_connections=300",
-            "start",
-        ],
-        check=True,
-        capture_output=True,
-    )
-    atexit.register(
-        subprocess.run,
-        [*run_as, f"{bindir}/pg_ctl", "-D", datadir, "-m", "immediate", "stop"],
-        capture_output=True,
-    )
-    return f"postgresql://postgres@127.0.0.1:{port}/postgres"
+def pgserver_bindir() -> str:
+    """The server binaries the ``pgserver`` wheel ships (the fallback)."""
+    from pgserver import _commands  # the wheel keeps its binaries' path here
+
+    return str(_commands.POSTGRES_BIN_PATH)
 
 
-def _user_exists(name: str) -> bool:
+def user_exists(name: str) -> bool:
     try:
         pwd.getpwnam(name)
     except KeyError:
@@ -89,26 +80,183 @@ def _user_exists(name: str) -> bool:
     return True
 
 
-def _start_with_pgserver() -> str:
-    import pgserver
+def _run_as() -> list[str]:
+    """initdb and postgres refuse to run as root: as root they run as ``postgres``."""
+    if os.geteuid() != 0:
+        return []
+    user = "postgres" if user_exists("postgres") else "nobody"
+    return ["runuser", "-u", user, "--"]
 
-    server = pgserver.get_server(  # type: ignore[attr-defined]  # pgserver re-exports it untyped
-        tempfile.mkdtemp(prefix="fencegate-pgserver-"), cleanup_mode="stop"
-    )
-    return str(server.get_uri())
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _read_state(run_dir: Path) -> dict[str, Any]:
+    state = run_dir / "server.json"
+    return dict(json.loads(state.read_text())) if state.exists() else {}
+
+
+def _write_state(run_dir: Path, state: dict[str, Any]) -> None:
+    tmp = run_dir / "server.json.tmp"
+    tmp.write_text(json.dumps(state))
+    tmp.replace(run_dir / "server.json")
+
+
+def _start_private(run_dir: Path) -> dict[str, Any]:
+    """initdb and pg_ctl start a cluster under ``run_dir/data``; its state for server.json."""
+    bindir = pg_bindir() or pgserver_bindir()
+    datadir = run_dir / "data"
+    datadir.mkdir(mode=0o700)
+    run_as = _run_as()
+    if run_as:
+        shutil.chown(run_dir, run_as[2])
+        shutil.chown(datadir, run_as[2])
+    subprocess.run(
+        [*run_as, f"{bindir}/initdb", "-D", str(datadir), "-A", "trust", "-U", "postgres",
+         "--no-sync", "--no-instructions"],
+        check=True, capture_output=True, timeout=120,
+    )  # fmt: skip
+    options = " ".join(f"-c {name}={value}" for name, value in PRIVATE_SETTINGS.items())
+    for _attempt in range(5):  # a port taken between free_port() and the bind: another one
+        port = free_port()
+        started = subprocess.run(
+            [*run_as, f"{bindir}/pg_ctl", "-D", str(datadir), "-w", "-t", "60",
+             "-l", str(datadir / "log"), "-o", f"-p {port} -k {datadir} -h 127.0.0.1 {options}",
+             "start"],
+            capture_output=True, timeout=120,
+        )  # fmt: skip
+        if started.returncode == 0:
+            break
+    else:
+        log = (datadir / "log").read_text(errors="replace")[-2000:]
+        raise RuntimeError(f"the private PostgreSQL cluster did not start: {log}")
+    return {
+        "url": f"postgresql://postgres@127.0.0.1:{port}/postgres",
+        "private": True,
+        "bindir": bindir,
+        "datadir": str(datadir),
+        "run_as": run_as,
+    }
+
+
+def _stop_private(state: dict[str, Any]) -> None:
+    if state.get("private"):
+        subprocess.run(
+            [*state["run_as"], f"{state['bindir']}/pg_ctl", "-D", state["datadir"],
+             "-m", "immediate", "stop"],
+            capture_output=True, timeout=60,
+        )  # fmt: skip
+
+
+def _run_dir() -> Path:
+    """The run's folder; outside pytest (a benchmark) one for this process."""
+    path = os.environ.get(RUN_DIR_ENV)
+    if path:
+        return Path(path)
+    run_dir = new_run_dir()
+    os.environ[RUN_DIR_ENV] = str(run_dir)
+    atexit.register(end_run, run_dir)
+    return run_dir
+
+
+def new_run_dir() -> Path:
+    """A folder for one test run, owned by this process (see `end_run`)."""
+    run_dir = Path(tempfile.mkdtemp(prefix=RUN_DIR_PREFIX))
+    (run_dir / "owner").write_text(str(os.getpid()))
+    return run_dir
+
+
+def end_run(run_dir: Path) -> None:
+    """Drop the run's template database, stop its private cluster, remove its folder."""
+    if not run_dir.exists():
+        return
+    with _locked(run_dir / "lock"):
+        state = _read_state(run_dir)
+        for server, template in state.get("templates", {}).items():
+            if server != state.get("url"):  # the private cluster's go with it
+                with contextlib.suppress(Exception):
+                    _drop_sync(server, template)
+        _stop_private(state)
+    shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def sweep_abandoned_runs() -> None:
+    """Stop the clusters of earlier runs whose controlling process died without ending them."""
+    for path in Path(tempfile.gettempdir()).glob(RUN_DIR_PREFIX + "*"):
+        try:
+            owner = int((path / "owner").read_text())
+        except (OSError, ValueError):
+            continue
+        if owner == os.getpid() or _alive(owner):
+            continue
+        end_run(path)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def server_url() -> str:
     """A URL of a PostgreSQL server on which the tests may create databases."""
-    configured = os.environ.get("FENCEGATE_TEST_DATABASE_URL")
+    configured = os.environ.get(URL_ENV)
     if configured:
         return configured
-    if asyncio.run(_answers(DEFAULT_LOCAL_URL)):
-        return DEFAULT_LOCAL_URL
-    bindir = _pg_bindir()
-    url = _start_with_initdb(bindir) if bindir else _start_with_pgserver()
-    os.environ["FENCEGATE_TEST_DATABASE_URL"] = url  # child processes reuse it
-    return url
+    run_dir = _run_dir()
+    with _locked(run_dir / "lock"):
+        state = _read_state(run_dir)
+        if "url" not in state:
+            state.update(_start_private(run_dir))
+            _write_state(run_dir, state)
+    return str(state["url"])
+
+
+async def create_migrated_database(server: str) -> str:
+    """A new database on ``server`` with every migration applied: a copy of the run's
+    template, which the first caller migrates (under the run's lock)."""
+    return await create_database(server, template=await _template(server))
+
+
+async def _template(server: str) -> str:
+    from fencegate.store.migrations import migrate
+
+    run_dir = _run_dir()
+    with _locked(run_dir / "lock"):  # blocks this event loop while another process migrates
+        state = _read_state(run_dir)
+        templates: dict[str, str] = state.setdefault("templates", {})
+        if server not in templates:
+            name = "fg_template_" + uuid.uuid4().hex[:12]
+            await _execute(server, f'CREATE DATABASE "{name}"')
+            await migrate(with_database(server, name))
+            templates[server] = name
+            _write_state(run_dir, state)
+        return templates[server]
+
+
+def _drop_sync(server: str, name: str) -> None:
+    import asyncio
+
+    asyncio.run(_execute(server, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+async def _execute(server: str, sql: str) -> None:
+    conn = await asyncpg.connect(server, timeout=10)
+    try:
+        await conn.execute(sql)
+    finally:
+        await conn.close()
 
 
 def with_database(url: str, database: str) -> str:
@@ -116,20 +264,14 @@ def with_database(url: str, database: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc, "/" + database, parts.query, ""))
 
 
-async def create_database(server: str) -> str:
+async def create_database(server: str, *, template: str | None = None) -> str:
+    """A new database on ``server``; a copy of ``template`` when given."""
     name = "fg_test_" + uuid.uuid4().hex[:12]
-    conn = await asyncpg.connect(server, timeout=10)
-    try:
-        await conn.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await conn.close()
+    copy = f' TEMPLATE "{template}"' if template else ""
+    await _execute(server, f'CREATE DATABASE "{name}"{copy}')
     return with_database(server, name)
 
 
 async def drop_database(server: str, url: str) -> None:
     name = urlsplit(url).path.lstrip("/")
-    conn = await asyncpg.connect(server, timeout=10)
-    try:
-        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await conn.close()
+    await _execute(server, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

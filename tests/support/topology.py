@@ -17,14 +17,14 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from tests.support.net import free_port, wait_for_port
-from tests.support.postgres import _pg_bindir, _user_exists
+from tests.support.postgres import pg_bindir, user_exists
 
 
 def server_user() -> str | None:
     """The unprivileged user servers run as when the tests run as root (else None)."""
     if os.geteuid() != 0:
         return None
-    return "postgres" if _user_exists("postgres") else "nobody"
+    return "postgres" if user_exists("postgres") else "nobody"
 
 
 def run_as() -> list[str]:
@@ -45,7 +45,7 @@ def missing(*commands: str) -> str | None:
     """Why these topology tests cannot run here, or None."""
     for command in commands:
         if command in ("initdb", "pg_basebackup", "pg_ctl"):
-            if _pg_bindir() is None:
+            if pg_bindir() is None:
                 return f"no PostgreSQL server binaries ({command}) on this machine"
         elif shutil.which(command) is None:
             return f"{command} is not installed (apt-get install {command})"
@@ -60,7 +60,7 @@ class PgNode:
     ) -> None:
         """``host``: the address it listens on (trusted for every client in its /24);
         ``wrap``: a prefix for its commands, e.g. ``ip netns exec NS`` to run it there."""
-        bindir = _pg_bindir()
+        bindir = pg_bindir()
         assert bindir is not None
         self.bin = bindir
         self.dir = root / name

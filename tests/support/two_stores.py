@@ -70,9 +70,8 @@ def migrated_pair(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterat
     """For a module-scoped fixture: (PostgreSQL URL, SQLite URL), both migrated; the
     PostgreSQL database is dropped afterwards."""
     server = postgres.server_url()
-    pg_url = asyncio.run(postgres.create_database(server))
+    pg_url = asyncio.run(postgres.create_migrated_database(server))
     sqlite_url = f"sqlite:///{tmp_path_factory.mktemp(name) / 'fencegate.db'}"
-    asyncio.run(migrate(pg_url))
     asyncio.run(migrate(sqlite_url))
     try:
         yield pg_url, sqlite_url
