@@ -46,7 +46,7 @@ MARGIN = {"FENCEGATE_RELEASE_MARGIN": "1"}
 GATEWAY_ENV = {"FENCEGATE_STORE_TIMEOUT": "1", "FENCEGATE_GATEWAY_HEARTBEAT": "0.3"} | MARGIN
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def upstream() -> Iterator[UpstreamProcess]:
     with UpstreamProcess(keep_answers=True) as process:
         yield process

@@ -54,7 +54,7 @@ STOP_AFTER = (1, 3, 2)
 GATEWAY_ENV = {"FENCEGATE_GATEWAY_HEARTBEAT": "0.3", "FENCEGATE_RELEASE_MARGIN": "1"}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def upstream() -> Iterator[UpstreamProcess]:
     with UpstreamProcess(keep_answers=True) as process:
         yield process
