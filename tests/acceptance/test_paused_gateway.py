@@ -5,7 +5,8 @@ Two `fencegate serve` processes, A and B, on one store (an SQLite file, a Postgr
 database), a short in-flight lease, and an upstream that counts what it runs per key and keeps
 what it answered. Each cycle sends new keys through A and stops A (SIGSTOP) once some of them
 are reserved: some are caught reserved but not sent, others sent and run. The client gives up
-on A and sends again through B; once A's lease is over B answers 424, and an operator reads
+on A and sends again through B; once A's lease is over and A, stopped, no longer heartbeats,
+B answers 424. An operator waits until the time the 424 says settling by hand is safe, reads
 the upstream's log and runs `fencegate keys resolve` (``--completed`` with the upstream's
 answer where it ran the key, ``--release`` where it did not). B then runs the released keys.
 A resumes (SIGCONT) and answers what it held: a key it had not sent before its lease could
@@ -46,9 +47,12 @@ from tests.support.waits import wait_until
 pytestmark = pytest.mark.timeout(120)
 
 LEASE = 1.0  # seconds of in-flight lease
-KEYS_PER_CYCLE = 6
+KEYS_PER_CYCLE = 5
 # How many of a cycle's keys are reserved when A is stopped: early and late in the burst.
 STOP_AFTER = (1, 3, 2)
+# Where a stop lands is up to the scheduler: should no key be caught reserved and not sent in
+# those cycles, a few more are run (usually most keys of a cycle are caught).
+MAX_CYCLES = 6
 # Short enough that a stopped gateway stops counting as alive within a second or so, and
 # that releasing is allowed soon after (the operator's side).
 GATEWAY_ENV = {"FENCEGATE_GATEWAY_HEARTBEAT": "0.3", "FENCEGATE_RELEASE_MARGIN": "1"}
@@ -154,7 +158,10 @@ async def test_a_paused_gateway_never_sends_a_key_the_operator_released(
     with gateway(upstream, store_url) as a, gateway(upstream, store_url) as b:
         async with httpx.AsyncClient(timeout=60) as client, KeyRows(store_url) as store:
             story = PausedStory(a, b, upstream, store, client, operator, tally)
-            for cycle, stop_after in enumerate(STOP_AFTER):
+            cycle = 0
+            while cycle < len(STOP_AFTER) or (not story.caught and cycle < MAX_CYCLES):
+                stop_after = STOP_AFTER[cycle % len(STOP_AFTER)]
+                cycle += 1
                 tag = uuid.uuid4().hex[:8]
                 keys = [f"paused:{cycle}:{i}:{tag}" for i in range(KEYS_PER_CYCLE)]
                 every_key += keys
@@ -164,8 +171,8 @@ async def test_a_paused_gateway_never_sends_a_key_the_operator_released(
             endings = {k: await story.ends_with_the_upstreams_answer(k) for k in every_key}
             final = await store.rows(every_key)
             print(
-                f"\npaused gateway on {store_url.split(':')[0]}: {len(every_key)} keys, "
-                f"{len(story.caught)} caught reserved and not sent, "
+                f"\npaused gateway on {store_url.split(':')[0]}: {cycle} cycles, "
+                f"{len(every_key)} keys, {len(story.caught)} caught reserved and not sent, "
                 f"{len(story.ran_before_stop)} run before the stop; from A after SIGCONT: "
                 f"{dict(story.from_a)}; through B: {tally.summary()}"
             )
