@@ -14,6 +14,7 @@ import asyncio
 import functools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Protocol
 from urllib.parse import urlsplit
 
@@ -24,7 +25,7 @@ from multidict import CIMultiDict
 from fencegate.errors import FencegateError
 from fencegate.gateway.headers import HOP_BY_HOP
 from fencegate.gateway.routes import RoutePolicy
-from fencegate.gateway.send_deadline import check_send_deadline
+from fencegate.gateway.send_deadline import LeaseDeadlinePassed, check_send_deadline
 from fencegate.types import ASGIApp, IncomingRequest, Message, Receive, Scope
 
 
@@ -145,6 +146,8 @@ class HttpUpstream:
         except (aiohttp.ConnectionTimeoutError, aiohttp.ClientConnectorError) as exc:
             raise UpstreamRefused(str(exc) or type(exc).__name__) from exc
         except (TimeoutError, aiohttp.ClientError) as exc:
+            if (refused := _deadline_passed(exc)) is not None:
+                raise refused from exc  # nothing was written
             detail = f"no answer within {timeout}s" if isinstance(exc, TimeoutError) else exc
             raise UpstreamOutcomeUnknown(str(detail) or type(exc).__name__) from exc
 
@@ -160,9 +163,46 @@ async def _check_before_writing(
     check_send_deadline()
 
 
+async def _check_before_body(
+    session: aiohttp.ClientSession,
+    context: SimpleNamespace,
+    params: aiohttp.TraceRequestChunkSentParams,
+) -> None:
+    # aiohttp keeps the head and writes it with the body's first chunk, from a task that runs
+    # a loop step after the check above: a process paused in between (SIGSTOP, a long GC
+    # pause) would send the whole request when it wakes. This runs right before a chunk is
+    # written. The body is bytes, written as one chunk, so a refusal here is the same as one
+    # above: nothing was written (LeaseDeadlinePassed). A later chunk past the deadline
+    # (a body aiohttp wrote in parts) is cut short: the upstream saw part of the request.
+    started = getattr(context, "body_started", False)
+    try:
+        check_send_deadline()
+    except LeaseDeadlinePassed as exc:
+        if started:
+            raise RequestCutShort(f"the rest of the request was not written: {exc}") from exc
+        raise
+    context.body_started = True  # aiohttp's namespace for this request's hooks
+
+
+class RequestCutShort(FencegateError):
+    """Part of the request was written before the deadline, the rest was not."""
+
+
+def _deadline_passed(exc: BaseException) -> LeaseDeadlinePassed | None:
+    """The deadline refusal a client error wraps (aiohttp's body writer wraps what its
+    hooks raise), if that is what ended the request."""
+    seen: BaseException | None = exc
+    while seen is not None and not isinstance(seen, RequestCutShort):
+        if isinstance(seen, LeaseDeadlinePassed):
+            return seen
+        seen = seen.__cause__
+    return None
+
+
 def _send_deadline_trace() -> aiohttp.TraceConfig:
     trace = aiohttp.TraceConfig()
     trace.on_request_headers_sent.append(_check_before_writing)
+    trace.on_request_chunk_sent.append(_check_before_body)
     return trace
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import queue
 import random
 import select
 import socket
@@ -163,6 +164,108 @@ class TcpRelay:
             pass
         finally:
             for s in (a, b):
+                try:
+                    s.close()
+                except OSError:
+                    pass
+
+
+class SlowPath:
+    """A TCP path on 127.0.0.1 that holds every byte from the client for ``hold`` seconds
+    before it reaches the server (a slow or congested network): what the client wrote has
+    left it, and arrives later, even after the client gave up and closed (its FIN arrives
+    after its data, as on a real network). Answers come back at once. ``hold`` may be
+    changed at any time; it applies to bytes read from then on."""
+
+    def __init__(self, target_host: str, target_port: int, *, hold: float = 0.0) -> None:
+        self.target = (target_host, target_port)
+        self.hold = hold
+        self._listener = socket.socket()
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(128)
+        self.port = int(self._listener.getsockname()[1])
+        self._closed = False
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+        threading.Thread(target=self._accept_loop, daemon=True).start()
+
+    def __enter__(self) -> SlowPath:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._closed = True
+        with self._lock:
+            sockets, self._sockets = self._sockets, []
+        for s in [self._listener, *sockets]:
+            try:
+                s.close()
+            except OSError:
+                pass
+
+    def _accept_loop(self) -> None:
+        self._listener.settimeout(0.2)
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            try:
+                server = socket.create_connection(self.target, timeout=5)
+            except OSError:
+                client.close()
+                continue
+            server.settimeout(None)
+            with self._lock:
+                self._sockets += [client, server]
+            held: queue.Queue[tuple[float, bytes]] = queue.Queue()
+            for job, args in (
+                (self._read_held, (client, held)),
+                (self._deliver_held, (held, server)),
+                (self._pass_back, (server, client)),
+            ):
+                threading.Thread(target=job, args=args, daemon=True).start()
+
+    def _read_held(self, source: socket.socket, held: queue.Queue[tuple[float, bytes]]) -> None:
+        """Client to server: each chunk is due ``hold`` seconds after it was read; b"" is
+        the client's end of stream."""
+        while True:
+            try:
+                data = source.recv(65536)
+            except OSError:
+                data = b""
+            held.put((time.monotonic() + self.hold, data))
+            if not data:
+                return
+
+    def _deliver_held(self, held: queue.Queue[tuple[float, bytes]], dest: socket.socket) -> None:
+        try:
+            while not self._closed:
+                due, data = held.get()
+                time.sleep(max(0.0, due - time.monotonic()))
+                if not data:
+                    dest.shutdown(socket.SHUT_WR)
+                    return
+                dest.sendall(data)
+        except OSError:
+            return
+
+    def _pass_back(self, source: socket.socket, dest: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                try:
+                    dest.sendall(data)
+                except OSError:
+                    pass  # the client is gone; the server's answer is lost on the way
+        except OSError:
+            pass
+        finally:
+            for s in (source, dest):
                 try:
                     s.close()
                 except OSError:

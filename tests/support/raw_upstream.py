@@ -10,7 +10,8 @@ import threading
 
 
 class RawUpstream:
-    """``{"request_line": "...", "headers": {...}}``, one connection at a time."""
+    """``{"request_line": "...", "headers": {...}}``, one connection at a time.
+    ``received`` lists the request line of every request head that reached it."""
 
     def __init__(self, *, status: str = "200 OK") -> None:
         self.status = status
@@ -18,6 +19,7 @@ class RawUpstream:
         self._listener.settimeout(0.2)
         self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
         self._stop = threading.Event()
+        self.received: list[str] = []
         self._thread = threading.Thread(target=self._serve, daemon=True)
 
     def __enter__(self) -> RawUpstream:
@@ -48,6 +50,7 @@ class RawUpstream:
             data += chunk
         head, _, rest = data.partition(b"\r\n\r\n")
         line, *fields = head.decode("latin-1").split("\r\n")
+        self.received.append(line)
         headers = {k.lower(): v for k, _, v in (f.partition(": ") for f in fields)}
         length = int(headers.get("content-length", "0"))
         while len(rest) < length:

@@ -11,6 +11,9 @@ received. Behaviour is chosen per request, by query parameter or header:
 
 Control endpoints (never counted): ``GET /_count?key=K`` → ``{"key": K, "count": n}``,
 ``GET /_stats`` → every key's count and the total number of requests, ``POST /_reset``.
+Started with ``--keep-answers`` it also keeps its execution log, the answer it gave for each
+execution of a key: ``GET /_answers?key=K`` → ``{"key": K, "count": n, "answers": [{"status":
+s, "body": "..."}]}`` (what an operator reads before resolving a key by hand).
 
 Run it with ``python -m tests.support.upstream --port N``; tests use `UpstreamProcess`.
 """
@@ -48,9 +51,12 @@ Send = Callable[[Message], Awaitable[None]]
 class UpstreamApp:
     """Pure ASGI so that, in benchmarks, the upstream costs as little as possible."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, keep_answers: bool = False) -> None:
         self.counts: collections.Counter[str] = collections.Counter()
         self.requests = 0
+        # Off by default: benchmarks send millions of keys.
+        self.keep_answers = keep_answers
+        self.answers: dict[str, list[dict[str, Any]]] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -69,8 +75,14 @@ class UpstreamApp:
         if path == "/_stats":
             await _answer(send, 200, {"requests": self.requests, "counts": dict(self.counts)})
             return
+        if path == "/_answers":
+            key = query.get("key", "")
+            log = self.answers.get(key, [])
+            await _answer(send, 200, {"key": key, "count": self.counts[key], "answers": log})
+            return
         if path == "/_reset" and scope["method"] == "POST":
             self.counts.clear()
+            self.answers.clear()
             self.requests = 0
             await _answer(send, 200, {"reset": True})
             return
@@ -97,7 +109,9 @@ class UpstreamApp:
         }
         if size:
             answer["padding"] = "x" * size
-        await _answer(send, status, answer)
+        sent = await _answer(send, status, answer)
+        if key is not None and self.keep_answers:
+            self.answers.setdefault(key, []).append({"status": status, "body": sent.decode()})
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
@@ -121,7 +135,7 @@ async def _read_body(receive: Receive) -> bytes:
     return b"".join(chunks)
 
 
-async def _answer(send: Send, status: int, payload: dict[str, Any]) -> None:
+async def _answer(send: Send, status: int, payload: dict[str, Any]) -> bytes:
     body = orjson.dumps(payload)
     await send(
         {
@@ -135,6 +149,7 @@ async def _answer(send: Send, status: int, payload: dict[str, Any]) -> None:
         }
     )
     await send({"type": "http.response.body", "body": body})
+    return body
 
 
 app = UpstreamApp()
@@ -149,9 +164,15 @@ class UpstreamProcess:
     """
 
     def __init__(
-        self, *, port: int | None = None, autostart: bool = True, startup_timeout: float = 20.0
+        self,
+        *,
+        port: int | None = None,
+        autostart: bool = True,
+        startup_timeout: float = 20.0,
+        keep_answers: bool = False,
     ) -> None:
         self.autostart = autostart
+        self.keep_answers = keep_answers
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.startup_timeout = startup_timeout
@@ -173,7 +194,8 @@ class UpstreamProcess:
         if self.running:
             return
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.support.upstream", "--port", str(self.port)],
+            [sys.executable, "-m", "tests.support.upstream", "--port", str(self.port)]
+            + (["--keep-answers"] if self.keep_answers else []),
             cwd=REPO_ROOT,
             env=child_env(),
             stdout=self._log,
@@ -214,6 +236,12 @@ class UpstreamProcess:
     def stats(self, *, timeout: float = 10.0) -> dict[str, Any]:
         return self._get("/_stats", timeout=timeout)
 
+    def answers(self, key: str, *, timeout: float = 10.0) -> list[dict[str, Any]]:
+        """The execution log of a key (needs ``keep_answers``): one ``{"status", "body"}``
+        per execution that was answered, oldest first."""
+        log = self._get(f"/_answers?key={quote(key, safe='')}", timeout=timeout)["answers"]
+        return list(log)
+
     def total_requests(self, *, timeout: float = 10.0) -> int:
         return int(self.stats(timeout=timeout)["requests"])
 
@@ -235,6 +263,9 @@ class UpstreamProcess:
     async def astats(self, *, timeout: float = 10.0) -> dict[str, Any]:
         return await asyncio.to_thread(self.stats, timeout=timeout)
 
+    async def aanswers(self, key: str, *, timeout: float = 10.0) -> list[dict[str, Any]]:
+        return await asyncio.to_thread(self.answers, key, timeout=timeout)
+
     async def await_count(
         self, key: str, expected: int, *, timeout: float = 15.0, interval: float = 0.05
     ) -> int:
@@ -249,7 +280,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="test upstream for fencegate")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--keep-answers", action="store_true", help="serve GET /_answers")
     args = parser.parse_args(argv)
+    app.keep_answers = args.keep_answers
     uvicorn.run(
         app,
         host=args.host,
