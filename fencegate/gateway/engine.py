@@ -587,7 +587,8 @@ def outcome_unknown(
     when_safe = (
         f"Settling it by hand is safe from {safe_from}, when no copy of the request can still "
         f"be on its way to the upstream (release margin {release_margin:g} s); until then "
-        f"the resolve command refuses. "
+        f"the resolve command refuses. Read the upstream's records only after that time: "
+        f"a copy still on its way may arrive after an earlier look. "
         if safe_from is not None
         else ""
     )

@@ -106,5 +106,6 @@ class ReleaseBlocker:
         )
         return (
             f"{what}; a request sent before then may still be on its way: safe to release "
-            f"from {utc(safe)} (release margin {self.margin:g} s), or {force_hint}"
+            f"from {utc(safe)} (release margin {self.margin:g} s), or {force_hint}; read the "
+            f"upstream's records again after that time before deciding"
         )
