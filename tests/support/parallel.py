@@ -9,14 +9,23 @@ addopts), see docs/reference/testing.md:
   tests), and the topology tier, whose clusters would otherwise fail over on one another's
   CPU;
 - which tests start first: the long ones, so that none of them is left to run alone at the end.
+
+The groups reach xdist's scheduler through the run's folder, not through xdist's own
+``--dist loadgroup`` (which renames test ids, and on pytest 9.2 silently does nothing:
+pytest-dev/pytest-xdist#1386): each worker writes the test-to-group map it computed to
+``FENCEGATE_TEST_RUN_DIR/xdist-groups.json`` when it collects, and the controlling process's
+scheduler (`GroupScheduling`) reads it when it splits the collection into units of work.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
+from xdist.scheduler import LoadGroupScheduling  # type: ignore[import-untyped]
 
 TESTS = Path(__file__).resolve().parents[1]
 # Workers per core for `-n auto` (measured on two cores: docs/reference/testing.md).
@@ -44,6 +53,9 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
 
 
 def _group(item: pytest.Item) -> str | None:
+    marker = item.get_closest_marker("xdist_group")
+    if marker is not None:
+        return str(marker.args[0] if marker.args else marker.kwargs.get("name", "default"))
     relative = item.path.relative_to(TESTS).as_posix()
     if relative.startswith("acceptance/topology/"):
         return "topology"
@@ -65,13 +77,44 @@ def _rank(item: pytest.Item) -> int:
     return len(STARTED_FIRST)
 
 
-# Before xdist's own hook, which reads the xdist_group marks into the test ids.
-@pytest.hookimpl(tryfirst=True)
+def _groups_file() -> Path | None:
+    run_dir = os.environ.get("FENCEGATE_TEST_RUN_DIR")
+    return Path(run_dir) / "xdist-groups.json" if run_dir else None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        if TESTS not in item.path.parents:
-            continue
-        group = _group(item)
-        if group is not None and item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(group))
-    items.sort(key=lambda item: _rank(item) if TESTS in item.path.parents else len(STARTED_FIRST))
+    ours = [item for item in items if TESTS in item.path.parents]
+    rest = [item for item in items if TESTS not in item.path.parents]
+    items[:] = sorted(ours, key=_rank) + rest
+    path = _groups_file()
+    if not hasattr(config, "workerinput") or path is None:
+        return
+    groups = {item.nodeid: group for item in ours if (group := _group(item)) is not None}
+    tmp = path.with_name(f"{path.name}.{os.getpid()}")
+    tmp.write_text(json.dumps(groups))
+    tmp.replace(path)  # every worker writes the same map
+
+
+class GroupScheduling(LoadGroupScheduling):  # type: ignore[misc]  # xdist is untyped here
+    """xdist's load-group scheduling with the groups read from the workers' map, in the
+    order the tests were collected (long ones first), not largest group first."""
+
+    def __init__(self, config: pytest.Config, log: Any = None) -> None:
+        super().__init__(config, log)
+        config.option.loadscopereorder = False
+        self._groups: dict[str, str] | None = None
+
+    def _split_scope(self, nodeid: str) -> str:
+        if self._groups is None:
+            path = _groups_file()
+            exists = path is not None and path.exists()
+            self._groups = json.loads(path.read_text()) if path and exists else {}
+        group = self._groups.get(nodeid)
+        return group if group is not None else str(super()._split_scope(nodeid))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    if config.getvalue("dist") == "loadgroup":
+        return GroupScheduling(config, log)
+    return None
