@@ -168,9 +168,9 @@ async def _job_action(
 
 
 async def key_history(inspector: Inspector, *, tenant: str, key: str, timeout: float) -> list[Row]:
-    """The gateway's decisions on one key, oldest first."""
+    """What the gateway decided on one key and what operators did to it, oldest first."""
     trace = await inspector.trace(key, tenant=tenant, timeout=timeout)
-    return [e for e in trace.events if e["source"] == "gateway" and e["key"] == key]
+    return [e for e in trace.events if e["source"] in ("gateway", "operator") and e["key"] == key]
 
 
 def key_fields(record: KeyRecord) -> dict[str, object]:

@@ -115,6 +115,27 @@ _LIST_COLUMNS = (
     "response_status",
 )
 _HISTORY_COLUMNS = ("at", "what", "attempt", "token", "owner", "request_id", "status")
+# History words after which a key has no row: the next request with it runs as new.
+_RELEASES = ("released", "resolved_released", "resolved_forced", "reconciled_released")
+
+
+def _show_gone(args: argparse.Namespace, history: list[dict[str, object]]) -> int:
+    """A key with no row: released (it stays visible through its history) or never seen."""
+    if not history:
+        raise CommandError(f"no key {args.key!r} for tenant {args.tenant!r}")
+    last = history[-1]
+    state = "released" if last.get("what") in _RELEASES else "gone"
+    if args.json:
+        print_json({"tenant": args.tenant, "key": args.key, "state": state, "history": history})
+        return 0
+    by = f" by {last.get('owner')}" if last.get("owner") else ""
+    print(
+        f"key {args.key!r} (tenant {args.tenant!r}) has no record now: {state}{by} "
+        f"({last.get('what')}); the next request with it runs as new. Its history:"
+    )
+    print()
+    print_table(history, _HISTORY_COLUMNS)
+    return 0
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -203,10 +224,10 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.action == "show":
         record = run_on_store(_show(args))
-        if record is None:
-            raise CommandError(f"no key {args.key!r} for tenant {args.tenant!r}")
-        fields = key_fields(record)
         history = run_on_store(_history(args))
+        if record is None:
+            return _show_gone(args, history)
+        fields = key_fields(record)
         if args.json:
             print_json({**fields, "history": history})
         else:

@@ -237,9 +237,11 @@ class Inspector:
         return Trace(subject, fence[0] if fence else None, events)
 
     def _decision_event(self, d: Row) -> Row:
+        # An operator's resolution is written to the same history, under operator:<who>.
+        operator = str(d["owner"] or "").startswith("operator:")
         return {
             "at": d["at"],
-            "source": "gateway",
+            "source": "operator" if operator else "gateway",
             "what": d["decision"],
             "token": d["fence"],
             "tenant": d["tenant"],

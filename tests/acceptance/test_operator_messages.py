@@ -244,6 +244,24 @@ def test_audit_list_shows_who_did_what_and_why(store_url: str) -> None:
     assert "operator:night-op" in text and "keys.resolve_released" in text
     assert "state outcome_unknown -> released" in text and "None" not in text
 
+    # The released key stays visible with its history, the operator's action as the operator's.
+    shown = fencegate("keys", "show", key, "--tenant", "acme", "--database-url", store_url)
+    assert shown.returncode == 0, shown.stderr
+    assert "has no record now: released by operator:night-op" in shown.stdout
+    document = orjson.loads(
+        fencegate(
+            "keys", "show", key, "--tenant", "acme", "--json", "--database-url", store_url
+        ).stdout
+    )
+    assert document["state"] == "released"
+    last = document["history"][-1]
+    assert (last["source"], last["what"]) == ("operator", "resolved_released")
+    trace = orjson.loads(
+        fencegate("trace", key, "--tenant", "acme", "--json", "--database-url", store_url).stdout
+    )
+    sources = {e["what"]: e["source"] for e in trace["events"] if e.get("key") == key}
+    assert sources["resolved_released"] == "operator" and sources["reserved"] == "gateway"
+
 
 async def a_foreign_request_with_a_queue_token(url: str, token: int) -> None:
     """A caller outside the queue sends a fence that happens to equal a job's token."""
