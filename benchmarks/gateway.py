@@ -637,7 +637,8 @@ def main(argv: list[str] | None = None) -> int:
 
     with contextlib.ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fencegate-bench-")))
-        server = postgres.server_url()
+        # A real server (fsync on), not the tests' private cluster, which runs without fsync.
+        server = os.environ.get(postgres.URL_ENV, "postgresql://postgres@127.0.0.1:5432/postgres")
 
         def new_database(*, migrated: bool = True) -> tuple[str, str]:
             url = asyncio.run(_new_postgres_database(server, migrated=migrated))

@@ -21,16 +21,17 @@ PORT_BLOCK = 1000
 PORT_BLOCKS = 12
 
 
-def _worker_index() -> int:
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")  # "gw3"; unset without xdist
-    digits = worker.removeprefix("gw")
-    return int(digits) % PORT_BLOCKS if digits.isdigit() else 0
+def port_block(worker: str | None) -> range:
+    """The ports of an xdist worker ("gw3"; None without xdist)."""
+    digits = (worker or "gw0").removeprefix("gw")
+    index = int(digits) % PORT_BLOCKS if digits.isdigit() else 0
+    return range(PORT_BASE + index * PORT_BLOCK, PORT_BASE + (index + 1) * PORT_BLOCK)
 
 
-_block_start = PORT_BASE + _worker_index() * PORT_BLOCK
+_block = port_block(os.environ.get("PYTEST_XDIST_WORKER"))
 _first = random.randrange(PORT_BLOCK)
 _next_ports = itertools.cycle(
-    [_block_start + (_first + offset) % PORT_BLOCK for offset in range(PORT_BLOCK)]
+    [_block[(_first + offset) % PORT_BLOCK] for offset in range(PORT_BLOCK)]
 )
 
 
@@ -45,7 +46,7 @@ def free_port() -> int:
             except OSError:
                 continue
             return port
-    raise RuntimeError(f"no free port in {_block_start}-{_block_start + PORT_BLOCK - 1}")
+    raise RuntimeError(f"no free port in {_block.start}-{_block.stop - 1}")
 
 
 def wait_for_port(port: int, *, host: str = "127.0.0.1", timeout: float = 15.0) -> None:
