@@ -197,9 +197,10 @@ async def test_a_provider_rate_holds_over_ten_seconds_and_waiting_holds_no_lease
     assert abs(len(in_window) - 10 * RATE) <= RATE, len(in_window)
     # And never ahead of the bucket: by any moment, at most the burst plus the refill. A
     # claim's time is when its transaction began (on PostgreSQL before it waited its turn),
-    # the bucket's when it took the tokens: a tenth of a second of slack.
+    # the bucket's when it took the tokens: half a second of slack, as a transaction may wait
+    # that long for its turn while the suite's other workers share the two cores.
     for index, at in enumerate(claims):
-        assert index + 1 <= RATE + RATE * (at - claims[0] + 0.1) + 1, (index, at - claims[0])
+        assert index + 1 <= RATE + RATE * (at - claims[0] + 0.5) + 1, (index, at - claims[0])
     # The tools' own clocks agree.
     started = sorted(j.result["started"] for j in jobs)
     tool_window = [t for t in started if started[0] + 2.0 <= t < started[0] + 12.0]
