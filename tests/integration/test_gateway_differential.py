@@ -42,6 +42,11 @@ from tests.support.two_stores import (
     run_on_both,
 )
 
+# A state machine of a few hundred steps on both stores: a minute or more on a busy machine
+# (more with parallel workers). A timeout inside Hypothesis's run is taken for a failure and
+# replayed, so the limit is generous.
+pytestmark = pytest.mark.timeout(600)
+
 T = TypeVar("T")
 TIMEOUT = 30.0
 LEASE = 10.0

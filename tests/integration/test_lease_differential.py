@@ -43,6 +43,11 @@ from tests.support.two_stores import (
 )
 from tests.support.waits import wait_until_sync
 
+# A state machine of a few hundred steps on both stores: a minute or more on a busy machine
+# (more with parallel workers). A timeout inside Hypothesis's run is taken for a failure and
+# replayed, so the limit is generous.
+pytestmark = pytest.mark.timeout(600)
+
 T = TypeVar("T")
 TIMEOUT = 30.0
 # The clock moves in steps of 10 s: a lease of 35 s is either 5 s from expiring or 5 s past
