@@ -306,6 +306,25 @@ end:
  * answer, a replay or a final refusal (412, 424); stops waiting at any moment. Once it has
  * an answer it sends the request once more (a duplicate, or a retry after a lost answer):
  * property 4 is checked on what that one sees. */
+inline respond() {
+    if
+    :: hrep[slot]?r, a
+    :: r = 0
+    fi;
+    atomic {
+    if
+    :: r == ANSWER || r == REPLAY ->
+        P4(assert(seen[KEY(c)] == 0 || seen[KEY(c)] == a));
+        seen[KEY(c)] = a;
+        if :: again -> break :: else -> again = true fi
+    :: r == S412 -> stale[c] = true; break
+    :: r == S424 -> break
+    :: r == S503 -> got503[c] = true
+    :: else
+    fi;
+    r = 0; a = 0; slot = 0
+    }
+}
 proctype Client(byte c) {
     byte slot, a;
     mtype r;
@@ -313,30 +332,11 @@ proctype Client(byte c) {
 end:
     do
     :: atomic { !gw_dead[0] && !busy[c * NG] -> slot = c * NG; busy[slot] = true;
-                do :: hrep[slot]?_, _ :: empty(hrep[slot]) -> break od; hreq[slot]!0 }
-#if NG > 1
+                do :: hrep[slot]?_, _ :: empty(hrep[slot]) -> break od; hreq[slot]!0 };
+       respond()
     :: atomic { !gw_dead[1] && !busy[c * NG + 1] -> slot = c * NG + 1; busy[slot] = true;
-                do :: hrep[slot]?_, _ :: empty(hrep[slot]) -> break od; hreq[slot]!0 }
-#endif
-    ;
-        if
-        :: hrep[slot]?r, a
-        :: r = 0                                                /* stops waiting */
-        fi;
-        atomic {
-        if
-        :: r == ANSWER || r == REPLAY ->
-            /* property 4: the answer it sees is the one every client saw before */
-            P4(assert(seen[KEY(c)] == 0 || seen[KEY(c)] == a));
-            seen[KEY(c)] = a;
-            if :: again -> break :: else -> again = true fi
-        :: r == S412 -> stale[c] = true; break
-        :: r == S424 -> break
-        :: r == S503 -> got503[c] = true
-        :: else                                                 /* 409, 502, 504, no answer */
-        fi;
-        r = 0; a = 0; slot = 0
-        }
+                do :: hrep[slot]?_, _ :: empty(hrep[slot]) -> break od; hreq[slot]!0 };
+       respond()
     od
 }
 
