@@ -574,14 +574,7 @@ def outcome_unknown(
         utc(decision.unknown_since + release_margin) if decision.unknown_since is not None else None
     )
     # When the reconciler looks next (None: the route does not reconcile): epoch seconds.
-    scheduled = decision.reconcile_after
-    reconcile_after = (
-        scheduled.timestamp()
-        if isinstance(scheduled, datetime)
-        else float(scheduled)
-        if isinstance(scheduled, int | float)
-        else None
-    )
+    reconcile_after = decision.reconcile_after
     command = f"fencegate keys resolve {shlex.quote(key)} --tenant {shlex.quote(tenant)}"
     where = f" {store_argument}" if store_argument else ""
     when_safe = (

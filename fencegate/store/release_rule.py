@@ -43,8 +43,3 @@ def release_blocker(
     if (locked_until if locked_until is not None else now) + margin > now:
         return RELEASE_MARGIN
     return None
-
-
-def safe_from(*, locked_until: float | None, margin: float) -> float | None:
-    """When the margin part of the rule stops blocking (epoch seconds)."""
-    return None if locked_until is None else locked_until + margin

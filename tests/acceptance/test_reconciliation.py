@@ -126,17 +126,19 @@ async def test_a_kill_storm_leaves_every_key_settled_by_asking_the_upstream(
                         answer = await charge(client, gateway.url, key, x_upstream_delay=delay)
                     except httpx.TransportError:
                         seen["transport error"] += 1
-                        await asyncio.sleep(0.1)
+                        await asyncio.sleep(0.1)  # the client's retry pace, as a real client's
                         continue
                     seen[str(answer.status_code)] += 1
                     if answer.status_code == 200:
                         finals[key] = answer
                         return
-                    # 409 in flight, 424 unknown (until reconciled), 502/503/504: retried.
+                    # 409 in flight, 424 unknown (until reconciled), 502/503/504: retried
+                    # at the client's own pace (the behaviour under test, not a wait).
                     await asyncio.sleep(0.2)
 
         async def storm() -> None:
             for _ in range(KILLS):
+                # The storm's rhythm: a kill every second or so, each at a random moment.
                 await asyncio.sleep(random.uniform(0.8, 1.6))
                 await asyncio.to_thread(gateway.kill)
                 await asyncio.sleep(0.3)
