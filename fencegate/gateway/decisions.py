@@ -51,6 +51,7 @@ class DecisionTrace:
     upstream_status: int | None = None
     upstream_seconds: float | None = None
     span: Any = None  # the request's span, only while traces are on (fencegate.tracing)
+    tool: str | None = None  # an MCP route's tools/call: the tool it calls
 
     def upstream_called(self, started: float, status: int | None) -> None:
         self.upstream_seconds = time.perf_counter() - started
@@ -72,6 +73,7 @@ def log_decision(
         "key": trace.key,
         "method": trace.method,
         "target": trace.target,
+        **({"tool": trace.tool} if trace.tool is not None else {}),
         "entity": trace.entity,
         "fence": trace.fence,
         "upstream_status": trace.upstream_status,

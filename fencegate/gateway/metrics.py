@@ -78,6 +78,13 @@ class GatewayMetrics:
             ["where"],
             registry=self.registry,
         )
+        self.tool_calls = Counter(
+            "fencegate_mcp_tool_calls",
+            "MCP tools/call requests of guarded tools the gateway answered, by tool, decision "
+            "and problem type (empty for answers that are not problems).",
+            ["tool", "decision", "problem"],
+            registry=self.registry,
+        )
         # Label children are cached: looking one up per request is most of the cost.
         self._decisions: dict[tuple[str, str], Counter] = {}
         self._operations: dict[str, Histogram] = {}
@@ -91,6 +98,9 @@ class GatewayMetrics:
                 decision=decision, problem=problem
             )
         child.inc()
+
+    def count_tool_call(self, tool: str, decision: str, problem: str = "") -> None:
+        self.tool_calls.labels(tool=tool, decision=decision, problem=problem).inc()
 
     def reconciled(self, route: str, result: str) -> None:
         self.reconciliations.labels(route=route, result=result).inc()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Awaitable, Callable
 
 from fencegate import tracing
 from fencegate.errors import StoreUnavailable
@@ -30,15 +31,17 @@ from fencegate.gateway.engine import (
     problem_response,
     store_unavailable,
 )
+from fencegate.gateway.mcp import McpExchange, McpRoute
 from fencegate.gateway.metrics import GatewayMetrics
 from fencegate.gateway.routes import RoutePolicy, RouteTable
 from fencegate.gateway.stripe_errors import stripe_error
 from fencegate.gateway.target import Target, invalid_target, scope_target
-from fencegate.gateway.upstream import Upstream, UpstreamResponse
+from fencegate.gateway.upstream import Upstream, UpstreamResponse, streaming
 from fencegate.problems import Problem
 from fencegate.types import (
     DEFAULT_TENANT,
     Authenticator,
+    IncomingRequest,
     NonceStore,
     Receive,
     Scope,
@@ -87,8 +90,10 @@ async def answer(
     trace: DecisionTrace,
     metrics: GatewayMetrics | None,
     owner: str,
+    deliver: Callable[[GatewayResponse], Awaitable[None]] | None = None,
 ) -> None:
-    """Count, log and send one gateway answer."""
+    """Count, log and send one gateway answer (``deliver``: an MCP route's, in its
+    protocol)."""
     problem = response.problem
     if problem is not None and policy.error_format == "stripe":
         status, headers, body = stripe_error(problem)
@@ -97,6 +102,8 @@ async def answer(
     kind = problem.kind if problem is not None else ""
     if metrics is not None:
         metrics.count(response.decision, kind)
+        if trace.tool is not None:
+            metrics.count_tool_call(trace.tool, response.decision, kind)
     log_decision(
         trace, decision=response.decision, problem=kind, status=response.status, owner=owner
     )
@@ -104,7 +111,10 @@ async def answer(
         spans.end_server_span(
             trace, decision=response.decision, problem=kind, status=response.status
         )
-    await send_response(send, response, request_id=trace.request_id)
+    if deliver is not None:
+        await deliver(response)
+    else:
+        await send_response(send, response, request_id=trace.request_id)
 
 
 class Pipeline:
@@ -132,6 +142,10 @@ class Pipeline:
         # An in-process application's exceptions are its own: they propagate to its server
         # as they are (a proxy's upstream raises only for a fault of fencegate's).
         self._app_errors_propagate = bool(getattr(upstream, "app_errors_propagate", False))
+        # Routes that speak MCP, by identity (the middleware hands over the route it matched).
+        self._mcp = {
+            id(p): McpRoute(p) for p in (*routes.routes, routes.default) if p.protocol == "mcp"
+        }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -167,20 +181,24 @@ class Pipeline:
             await self._answer(send, problem_response(problem), policy, trace)
             return
         request = incoming_request(scope, body, target, request_id=trace.request_id)
+        mcp_route = self._mcp.get(id(policy)) if self._mcp else None
+        exchange = McpExchange(mcp_route, request, send, trace) if mcp_route else None
         tenant = DEFAULT_TENANT
         if self.authenticator is not None:
             try:
                 tenant = await self.authenticator.authenticate(request, self.nonces)
             except Problem as problem:
-                await self._answer(send, problem_response(problem), policy, trace)
+                await self._answer(send, problem_response(problem), policy, trace, exchange)
                 return
             except StoreUnavailable as exc:
                 # The nonce could not be recorded.
                 logger.error("store unavailable while checking a signature nonce: %s", exc)
-                await self._answer(send, problem_response(store_unavailable()), policy, trace)
+                await self._answer(
+                    send, problem_response(store_unavailable()), policy, trace, exchange
+                )
                 return
             except Exception as exc:
-                await self._internal_error(send, exc, "authenticate", policy, trace)
+                await self._internal_error(send, exc, "authenticate", policy, trace, exchange)
                 return
             if self.stripped:
                 request = dataclasses.replace(
@@ -188,6 +206,14 @@ class Pipeline:
                     headers=tuple((k, v) for k, v in request.headers if k not in self.stripped),
                 )
         trace.tenant = tenant
+        decided, decided_policy = request, policy
+        if exchange is not None:
+            exchange.request = request  # without the signature headers it verified
+            try:
+                decided, decided_policy = exchange.prepare()
+            except Problem as problem:
+                await self._answer(send, problem_response(problem), policy, trace, exchange)
+                return
 
         upstream = self.upstream
         metrics = self.metrics
@@ -200,7 +226,19 @@ class Pipeline:
             started = time.perf_counter()
             status: int | None = None
             try:
-                if step.span is None:
+                if exchange is not None:
+                    response = exchange.settle(
+                        await self._send_mcp(
+                            request,
+                            policy,
+                            scope,
+                            receive,
+                            timeout,
+                            exchange,
+                            traced=bool(step.span),
+                        )
+                    )
+                elif step.span is None:
                     response = await upstream.send(request, policy, scope, receive, timeout=timeout)
                 else:
                     response = await spans.send_upstream(
@@ -217,26 +255,67 @@ class Pipeline:
                     metrics.upstream_latency.observe(step.upstream_seconds or 0.0)
 
         try:
-            response = await self.engine.handle(request, policy, tenant, forward, trace=trace)
+            response = await self.engine.handle(
+                decided, decided_policy, tenant, forward, trace=trace
+            )
         except Exception as exc:
             if exc is raised_upstream and self._app_errors_propagate:
                 raise  # the wrapped application's own error, for its server to handle
-            await self._internal_error(send, exc, "request", policy, trace)
+            await self._internal_error(send, exc, "request", policy, trace, exchange)
             return
-        await self._answer(send, response, policy, trace)
+        await self._answer(send, response, policy, trace, exchange)
+
+    async def _send_mcp(
+        self,
+        request: IncomingRequest,
+        policy: RoutePolicy,
+        scope: Scope,
+        receive: Receive,
+        timeout: float,
+        exchange: McpExchange,
+        *,
+        traced: bool,
+    ) -> UpstreamResponse:
+        """An MCP route's request upstream, its event-stream answers streamed through the
+        exchange as they arrive."""
+        if traced:
+            return await spans.send_upstream(
+                self.upstream, request, policy, scope, receive, timeout=timeout, sink=exchange
+            )
+        streams = streaming(self.upstream)
+        if streams is None:
+            return await self.upstream.send(request, policy, scope, receive, timeout=timeout)
+        return await streams.send(request, policy, scope, receive, timeout=timeout, sink=exchange)
 
     async def _internal_error(
-        self, send: Send, exc: Exception, where: str, policy: RoutePolicy, trace: DecisionTrace
+        self,
+        send: Send,
+        exc: Exception,
+        where: str,
+        policy: RoutePolicy,
+        trace: DecisionTrace,
+        exchange: McpExchange | None = None,
     ) -> None:
         """A fault in fencegate's own code: 500 ``internal-error``, logged and counted."""
         self.engine.internal_errors.report(exc, where=where, about=f"request {trace.request_id}")
         forwarded = trace.upstream_seconds is not None
         problem = internal_error(trace.request_id, forwarded=forwarded)
-        await self._answer(send, problem_response(problem), policy, trace)
+        await self._answer(send, problem_response(problem), policy, trace, exchange)
 
     async def _answer(
-        self, send: Send, response: GatewayResponse, policy: RoutePolicy, trace: DecisionTrace
+        self,
+        send: Send,
+        response: GatewayResponse,
+        policy: RoutePolicy,
+        trace: DecisionTrace,
+        exchange: McpExchange | None = None,
     ) -> None:
         await answer(
-            send, response, policy=policy, trace=trace, metrics=self.metrics, owner=self.owner
+            send,
+            response,
+            policy=policy,
+            trace=trace,
+            metrics=self.metrics,
+            owner=self.owner,
+            deliver=exchange.deliver if exchange is not None else None,
         )

@@ -12,6 +12,7 @@ import orjson
 from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
+from fencegate.gateway.mcp_tools import ArgumentsPath, McpTool
 from fencegate.gateway.reconcile import ReconcileRule, reconcile_rule
 from fencegate.problems import Problem
 
@@ -231,6 +232,48 @@ class RoutePolicy:
             "operator settles such keys (see the reconciliation guide)"
         ),
     ] = None
+    protocol: Annotated[
+        Literal["http", "mcp"],
+        Field(
+            description="http: every request as the HTTP contract says; mcp: the body is "
+            "JSON-RPC (the Model Context Protocol's streamable HTTP transport), tools/call of "
+            "a listed tool is the keyed operation, everything else passes through untouched"
+        ),
+    ] = "http"
+    tools: Annotated[
+        tuple[McpTool, ...],
+        Field(
+            description="an mcp route's guarded tools ([[routes.tools]]: name, require_key, "
+            "require_fence, on_unknown, timeout, key_from, entity_from); tools not listed "
+            "pass through"
+        ),
+    ] = ()
+    key_from: Annotated[
+        ArgumentsPath,
+        Field(
+            description="an mcp route: the key of a call that names none, from an argument "
+            '("arguments.<field>": key <tool>:<value>)'
+        ),
+    ] = None
+    entity_from: Annotated[
+        ArgumentsPath,
+        Field(
+            description="an mcp route: the entity of a call that names none, from an argument "
+            '("arguments.<field>": entity <field>:<value>)'
+        ),
+    ] = None
+
+    def __post_init__(self) -> None:
+        if self.protocol == "mcp":
+            if self.reconcile is not None:
+                raise ValueError("reconcile is not available on an mcp route")
+            if self.error_format != "problem":
+                raise ValueError("an mcp route answers JSON-RPC errors: leave error_format unset")
+            names = [tool.name for tool in self.tools]
+            if len(set(names)) != len(names):
+                raise ValueError("an mcp route lists each tool once")
+        elif self.tools or self.key_from is not None or self.entity_from is not None:
+            raise ValueError('tools, key_from and entity_from need protocol = "mcp"')
 
     def stores(self, status: int) -> bool:
         if self.stored_statuses is not None:

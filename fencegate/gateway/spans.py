@@ -18,7 +18,7 @@ from fencegate import tracing
 if TYPE_CHECKING:
     from fencegate.gateway.decisions import DecisionTrace
     from fencegate.gateway.routes import RoutePolicy
-    from fencegate.gateway.upstream import Upstream, UpstreamResponse
+    from fencegate.gateway.upstream import ResponseSink, Upstream, UpstreamResponse
     from fencegate.types import IncomingRequest, Receive, Scope
 
 
@@ -74,9 +74,12 @@ async def send_upstream(
     receive: Receive,
     *,
     timeout: float,
+    sink: ResponseSink | None = None,
 ) -> UpstreamResponse:
     """The upstream call as a CLIENT span; the upstream receives its context."""
     from opentelemetry.trace import SpanKind
+
+    from fencegate.gateway.upstream import streaming
 
     with tracing.TRACER.start_as_current_span(
         f"{request.method} {policy.prefix} upstream",
@@ -84,7 +87,13 @@ async def send_upstream(
         attributes={"http.request.method": request.method, "http.route": policy.prefix},
     ) as span:
         traced = dataclasses.replace(request, headers=tracing.inject_headers(request.headers))
-        response = await upstream.send(traced, policy, scope, receive, timeout=timeout)
+        streams = streaming(upstream) if sink is not None else None
+        if streams is None:
+            response = await upstream.send(traced, policy, scope, receive, timeout=timeout)
+        else:
+            response = await streams.send(
+                traced, policy, scope, receive, timeout=timeout, sink=sink
+            )
         span.set_attribute("http.response.status_code", response.status)
         return response
 

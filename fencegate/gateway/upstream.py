@@ -15,7 +15,7 @@ import functools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Protocol
+from typing import Protocol, cast
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -48,6 +48,17 @@ class UpstreamOutcomeUnknown(FencegateError):
 Forward = Callable[[float], Awaitable[UpstreamResponse]]
 
 
+class ResponseSink(Protocol):
+    """Takes an answer's body as it arrives instead of once it is whole (an MCP route's
+    event streams). ``start`` sees the head and says whether to stream this answer;
+    ``chunk`` returns True once it wants no more of the body. A streamed answer's
+    `UpstreamResponse` has an empty body: the sink had it."""
+
+    async def start(self, status: int, headers: list[tuple[str, str]]) -> bool: ...
+
+    async def chunk(self, data: bytes) -> bool: ...
+
+
 class Upstream(Protocol):
     async def send(
         self,
@@ -58,6 +69,31 @@ class Upstream(Protocol):
         *,
         timeout: float,
     ) -> UpstreamResponse: ...
+
+
+class StreamingUpstream(Protocol):
+    """An upstream that can hand an answer's body to a `ResponseSink` as it arrives (both of
+    fencegate's do; they say so with ``streams_answers = True``)."""
+
+    streams_answers: bool
+
+    async def send(
+        self,
+        request: IncomingRequest,
+        policy: RoutePolicy,
+        scope: Scope,
+        receive: Receive,
+        *,
+        timeout: float,
+        sink: ResponseSink | None = None,
+    ) -> UpstreamResponse: ...
+
+
+def streaming(upstream: Upstream) -> StreamingUpstream | None:
+    """The upstream as one that streams answers, if it is one."""
+    if getattr(upstream, "streams_answers", False):
+        return cast("StreamingUpstream", upstream)
+    return None
 
 
 # Not forwarded upstream: per-hop, or recomputed by the client session.
@@ -73,6 +109,8 @@ CONNECT_TIMEOUT = 10.0
 
 
 class HttpUpstream:
+    streams_answers = True
+
     def __init__(self, *, max_connections: int = 200) -> None:
         self._max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
@@ -107,6 +145,7 @@ class HttpUpstream:
         receive: Receive,
         *,
         timeout: float,
+        sink: ResponseSink | None = None,
     ) -> UpstreamResponse:
         session = self._session
         if session is None:
@@ -134,7 +173,6 @@ class HttpUpstream:
                 timeout=client_timeout,
                 allow_redirects=False,
             ) as response:
-                body = await response.read()
                 # A HEAD answer's Content-Length describes the body a GET would get.
                 dropped = _NOT_RELAYED_HEAD if request.method == "HEAD" else _NOT_RELAYED
                 relayed = [
@@ -142,6 +180,12 @@ class HttpUpstream:
                     for k, v in response.raw_headers
                     if (name := k.decode("latin-1")).lower() not in dropped
                 ]
+                if sink is not None and await sink.start(response.status, relayed):
+                    async for data in response.content.iter_any():
+                        if await sink.chunk(data):
+                            break
+                    return UpstreamResponse(response.status, relayed, b"")
+                body = await response.read()
                 return UpstreamResponse(response.status, relayed, body)
         except (aiohttp.ConnectionTimeoutError, aiohttp.ClientConnectorError) as exc:
             raise UpstreamRefused(str(exc) or type(exc).__name__) from exc
@@ -234,6 +278,7 @@ class AppUpstream:
 
     # What the app raises is the app's, not a fault of fencegate's: it propagates as it is.
     app_errors_propagate = True
+    streams_answers = True
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -246,6 +291,7 @@ class AppUpstream:
         receive: Receive,
         *,
         timeout: float,
+        sink: ResponseSink | None = None,
     ) -> UpstreamResponse:
         inner = dict(scope)
         # Exactly the headers the engine saw (verified signature headers removed).
@@ -262,16 +308,21 @@ class AppUpstream:
         status = 500
         headers: list[tuple[str, str]] = []
         chunks: list[bytes] = []
+        streaming = done = False
 
         async def capture(message: Message) -> None:
-            nonlocal status
+            nonlocal status, streaming, done
             if message["type"] == "http.response.start":
                 status = int(message["status"])
                 headers.extend(
                     (k.decode("latin-1"), v.decode("latin-1")) for k, v in message["headers"]
                 )
+                streaming = sink is not None and await sink.start(status, headers)
             elif message["type"] == "http.response.body":
-                chunks.append(message.get("body", b""))
+                if not streaming:
+                    chunks.append(message.get("body", b""))
+                elif not done and sink is not None:
+                    done = await sink.chunk(message.get("body", b""))
 
         check_send_deadline()
         try:

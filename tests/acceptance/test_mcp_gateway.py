@@ -1,0 +1,282 @@
+"""An MCP route of `fencegate serve` (a real process) in front of a real MCP server (the
+``mcp`` SDK under uvicorn, answering plain JSON or event streams), called by the SDK's own
+client over streamable HTTP, on both stores."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, cast
+
+import httpx
+import pytest
+from mcp.client.client import Client
+from mcp.shared.exceptions import MCPError
+from mcp_types import RequestParamsMeta
+
+from fencegate.gateway.mcp import ERROR_CODES, META_ENTITY, META_FENCE, META_KEY
+from tests.support.gateway import GatewayProcess
+from tests.support.mcp_server import McpServerProcess
+from tests.support.net import TcpRelay
+
+CONFIG = """
+[[routes]]
+prefix = "/mcp"
+protocol = "mcp"
+
+[[routes.tools]]
+name = "charge"
+"""
+
+ACCEPT = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
+
+
+@pytest.fixture(params=["json", "sse"])
+def server(request: pytest.FixtureRequest) -> Iterator[McpServerProcess]:
+    with McpServerProcess(json_response=request.param == "json") as process:
+        yield process
+
+
+def gateway_for(upstream: str, store_url: str, tmp_path: Path) -> GatewayProcess:
+    config = tmp_path / "mcp.toml"
+    config.write_text(CONFIG)
+    return GatewayProcess(upstream=upstream, database_url=store_url, config=config)
+
+
+@pytest.fixture
+def gateway(server: McpServerProcess, store_url: str, tmp_path: Path) -> Iterator[GatewayProcess]:
+    with gateway_for(server.base, store_url, tmp_path) as process:
+        yield process
+
+
+@asynccontextmanager
+async def client(gateway: GatewayProcess) -> AsyncIterator[Client]:
+    async with Client(f"{gateway.url}/mcp") as session:
+        yield session
+
+
+def meta(key: str | None = None, **more: object) -> RequestParamsMeta:
+    given: dict[str, Any] = {META_KEY: key} if key is not None else {}
+    names = {"fence": META_FENCE, "entity": META_ENTITY}
+    given.update({names[k]: v for k, v in more.items()})
+    return cast(RequestParamsMeta, given)
+
+
+def text(result: Any) -> str:
+    return str(result.content[0].text)
+
+
+class Progress:
+    """A progress callback: the SDK asks for progress, so an SSE server streams it."""
+
+    def __init__(self) -> None:
+        self.seen: list[float] = []
+        self.first = asyncio.Event()
+
+    async def __call__(self, progress: float, total: float | None, message: str | None) -> None:
+        self.seen.append(progress)
+        self.first.set()
+
+
+def rpc(rid: int | str, name: str, arguments: dict[str, Any], key: str) -> dict[str, Any]:
+    return {
+        "jsonrpc": "2.0",
+        "id": rid,
+        "method": "tools/call",
+        "params": {"name": name, "arguments": arguments, "_meta": {META_KEY: key}},
+    }
+
+
+async def test_a_retry_runs_once_and_gets_the_first_result_under_its_own_id(
+    server: McpServerProcess, gateway: GatewayProcess
+) -> None:
+    arguments = {"order": "o-1", "amount": 5, "delay": 0.3}
+    async with client(gateway) as session:
+        first = await session.call_tool(
+            "charge", arguments, meta=meta("charge:o-1"), progress_callback=Progress()
+        )
+        retried = await session.call_tool(
+            "charge", arguments, meta=meta("charge:o-1"), progress_callback=Progress()
+        )
+    assert text(first) == text(retried) == "charged o-1 5 #1"
+    assert not first.is_error
+    assert await server.acount("o-1") == 1
+
+    # The same call by hand under another JSON-RPC id (and another progress token): the
+    # stored result, answered as plain JSON with this request's id.
+    async with httpx.AsyncClient(timeout=30) as http:
+        body = rpc(4242, "charge", arguments, "charge:o-1")
+        body["params"]["_meta"]["progressToken"] = "tok-9"
+        answer = await http.post(f"{gateway.url}/mcp", json=body, headers=ACCEPT)
+    assert answer.status_code == 200
+    assert answer.headers["content-type"] == "application/json"
+    assert answer.headers["idempotent-replayed"] == "true"
+    replayed = answer.json()
+    assert replayed["id"] == 4242
+    assert replayed["result"]["content"][0]["text"] == "charged o-1 5 #1"
+    assert await server.acount("o-1") == 1
+
+
+async def test_concurrent_copies_run_once_and_the_other_reads_in_flight(
+    server: McpServerProcess, gateway: GatewayProcess
+) -> None:
+    arguments = {"order": "o-2", "amount": 7, "delay": 1.5}
+    async with client(gateway) as one, client(gateway) as two:
+        calling = one.call_tool(
+            "charge", arguments, meta=meta("charge:o-2"), progress_callback=Progress()
+        )
+        first = asyncio.create_task(calling)
+        assert await server.await_count("o-2", 1) == 1
+        with pytest.raises(MCPError) as refused:
+            await two.call_tool("charge", arguments, meta=meta("charge:o-2"))
+        result = await first
+    assert text(result) == "charged o-2 7 #1"
+    error = refused.value.error
+    assert error.code == ERROR_CODES["in-flight"]
+    assert error.data["status"] == 409
+    assert error.data["type"].endswith("/in-flight")
+    assert error.data["retry_after"] >= 1
+    assert await server.acount("o-2") == 1
+
+
+async def test_other_arguments_under_the_same_key_are_key_reused(
+    server: McpServerProcess, gateway: GatewayProcess
+) -> None:
+    async with client(gateway) as session:
+        await session.call_tool("charge", {"order": "o-3", "amount": 1}, meta=meta("k-3"))
+        with pytest.raises(MCPError) as refused:
+            await session.call_tool("charge", {"order": "o-3", "amount": 2}, meta=meta("k-3"))
+    assert refused.value.error.code == ERROR_CODES["key-reused"]
+    assert refused.value.error.data["status"] == 422
+    assert await server.acount("o-3") == 1
+
+
+async def test_a_stale_fence_is_refused_before_the_tool_runs(
+    server: McpServerProcess, gateway: GatewayProcess
+) -> None:
+    async with client(gateway) as session:
+        newer = meta("k-4b", fence=8, entity="order:o-4")
+        await session.call_tool("charge", {"order": "o-4", "amount": 1}, meta=newer)
+        stale = meta("k-4a", fence=7, entity="order:o-4")
+        with pytest.raises(MCPError) as refused:
+            await session.call_tool("charge", {"order": "o-4", "amount": 1}, meta=stale)
+    error = refused.value.error
+    assert error.code == ERROR_CODES["stale-fence"]
+    assert error.data["status"] == 412
+    assert error.data["last_accepted_fence"] == 8
+    assert await server.acount("o-4") == 1
+
+
+async def test_a_tool_error_is_stored_and_replayed(
+    server: McpServerProcess, gateway: GatewayProcess
+) -> None:
+    arguments = {"order": "o-5", "amount": 1, "fail": True}
+    async with client(gateway) as session:
+        first = await session.call_tool("charge", arguments, meta=meta("k-5"))
+        again = await session.call_tool("charge", arguments, meta=meta("k-5"))
+    assert first.is_error and again.is_error
+    assert "card declined for o-5" in text(first) == text(again)
+    assert await server.acount("o-5") == 1
+
+
+async def test_a_guarded_tool_without_a_key_is_refused_and_does_not_run(
+    server: McpServerProcess, gateway: GatewayProcess
+) -> None:
+    async with client(gateway) as session:
+        with pytest.raises(MCPError) as refused:
+            await session.call_tool("charge", {"order": "o-6", "amount": 1})
+    assert refused.value.error.code == ERROR_CODES["invalid-request"]
+    assert refused.value.error.data["type"].endswith("/key-required")
+    assert await server.acount("o-6") == 0
+
+
+async def test_other_messages_pass_through_byte_for_byte(
+    server: McpServerProcess, gateway: GatewayProcess
+) -> None:
+    messages: list[Any] = [
+        {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-11-25",
+                "capabilities": {},
+                "clientInfo": {"name": "t", "version": "1"},
+            },
+        },
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
+        {"jsonrpc": "2.0", "id": 3, "method": "ping"},
+        # A batch without tools/call, and a body that is not JSON.
+        [{"jsonrpc": "2.0", "id": 4, "method": "ping"}],
+    ]
+    version = {"mcp-protocol-version": "2025-11-25"}
+    async with httpx.AsyncClient(timeout=30) as http:
+        for message in messages:
+            direct = await http.post(server.url, json=message, headers=ACCEPT | version)
+            through = await http.post(f"{gateway.url}/mcp", json=message, headers=ACCEPT | version)
+            assert through.status_code == direct.status_code, message
+            assert through.content == direct.content, message
+            assert through.headers.get("content-type") == direct.headers.get("content-type")
+            assert "idempotent-replayed" not in through.headers
+        garbage = b'{"jsonrpc": "2.0", "id": 5, "method": '
+        direct = await http.post(server.url, content=garbage, headers=ACCEPT | version)
+        through = await http.post(f"{gateway.url}/mcp", content=garbage, headers=ACCEPT | version)
+    assert (through.status_code, through.content) == (direct.status_code, direct.content)
+
+
+async def test_decision_log_and_metrics_name_the_tool(
+    server: McpServerProcess, gateway: GatewayProcess
+) -> None:
+    async with client(gateway) as session:
+        for _ in range(2):
+            await session.call_tool("charge", {"order": "o-7", "amount": 1}, meta=meta("k-7"))
+    async with httpx.AsyncClient(timeout=30) as http:
+        metrics = (await http.get(f"{gateway.url}/metrics")).text
+    calls = "fencegate_mcp_tool_calls_total"
+    assert f'{calls}{{decision="forwarded",problem="",tool="charge"}} 1.0' in metrics
+    assert f'{calls}{{decision="replayed",problem="",tool="charge"}} 1.0' in metrics
+    log = gateway.log_text()
+    assert "decision=replayed" in log and "tool=charge" in log and "key=k-7" in log
+
+
+@pytest.fixture
+def sse_server() -> Iterator[McpServerProcess]:
+    with McpServerProcess(json_response=False) as process:
+        yield process
+
+
+async def test_progress_passes_live_and_a_cut_stream_is_an_unknown_outcome(
+    sse_server: McpServerProcess, store_url: str, tmp_path: Path
+) -> None:
+    """The stream is cut (a real TCP reset between gateway and server) after the tool
+    started and its first progress came through: the caller hears the outcome is unknown,
+    and a retry with the same key never runs the tool again."""
+    arguments = {"order": "o-8", "amount": 3, "delay": 3.0}
+    with (
+        TcpRelay("127.0.0.1", sse_server.port) as relay,
+        gateway_for(f"http://127.0.0.1:{relay.port}", store_url, tmp_path) as gateway,
+    ):
+        async with client(gateway) as session:
+            progress = Progress()
+            call = asyncio.create_task(
+                session.call_tool("charge", arguments, meta=meta("k-8"), progress_callback=progress)
+            )
+            # The first progress reached the client while the tool still runs: live.
+            await asyncio.wait_for(progress.first.wait(), timeout=20)
+            assert not call.done()
+            relay.cut()
+            with pytest.raises(MCPError) as cut:
+                await call
+            relay.heal()
+            with pytest.raises(MCPError) as retried:
+                await session.call_tool("charge", arguments, meta=meta("k-8"))
+        assert progress.seen == [1]
+        assert cut.value.error.code == ERROR_CODES["upstream-timeout"]
+        assert cut.value.error.data["status"] == 504
+        assert retried.value.error.code == ERROR_CODES["outcome-unknown"]
+        assert retried.value.error.data["status"] == 424
+        assert retried.value.error.data["key"] == "k-8"
+    assert await sse_server.acount("o-8") == 1
