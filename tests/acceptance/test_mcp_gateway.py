@@ -280,3 +280,67 @@ async def test_progress_passes_live_and_a_cut_stream_is_an_unknown_outcome(
         assert retried.value.error.data["status"] == 424
         assert retried.value.error.data["key"] == "k-8"
     assert await sse_server.acount("o-8") == 1
+
+
+MODERN = "2026-07-28"
+MODERN_META = {
+    "io.modelcontextprotocol/protocolVersion": MODERN,
+    "io.modelcontextprotocol/clientInfo": {"name": "agent", "version": "1"},
+    "io.modelcontextprotocol/clientCapabilities": {},
+}
+
+
+async def post_rpc(
+    http: httpx.AsyncClient, url: str, rid: int, method: str, params: dict[str, Any]
+) -> httpx.Response:
+    headers = ACCEPT | {"mcp-protocol-version": MODERN, "mcp-method": method}
+    if "name" in params:
+        headers["mcp-name"] = params["name"]
+    body = {"jsonrpc": "2.0", "id": rid, "method": method, "params": params}
+    return await http.post(url, json=body, headers=headers)
+
+
+async def test_a_task_creating_call_is_deduplicated_and_tasks_pass_through(
+    server: McpServerProcess, gateway: GatewayProcess
+) -> None:
+    """A long-running tool answers with a task at once: a retry gets the same task id,
+    not a second task; tasks/get and tasks/result reach the server untouched."""
+    url = f"{gateway.url}/mcp"
+    call = {
+        "name": "charge",
+        "arguments": {"order": "o-9", "amount": 2, "delay": 0.5},
+        "task": {"ttl": 60000},
+        "_meta": MODERN_META | {META_KEY: "k-9"},
+    }
+    async with httpx.AsyncClient(timeout=30) as http:
+        first = await post_rpc(http, url, 1, "tools/call", call)
+        retried = await post_rpc(http, url, 2, "tools/call", call)
+        task_id = first.json()["result"]["task"]["taskId"]
+        assert retried.json()["id"] == 2
+        assert retried.json()["result"]["task"]["taskId"] == task_id
+        assert retried.headers["idempotent-replayed"] == "true"
+        # The same key without the task: another operation, refused.
+        plain = dict(call)
+        del plain["task"]
+        reused = await post_rpc(http, url, 3, "tools/call", plain)
+        assert reused.json()["error"]["code"] == ERROR_CODES["key-reused"]
+
+        status = "working"
+        for rid in range(10, 200):
+            got = await post_rpc(
+                http, url, rid, "tasks/get", {"taskId": task_id, "_meta": MODERN_META}
+            )
+            status = got.json()["result"]["status"]
+            if status == "completed":
+                break
+            await asyncio.sleep(0.05)
+        assert status == "completed"
+        result = await post_rpc(
+            http, url, 300, "tasks/result", {"taskId": task_id, "_meta": MODERN_META}
+        )
+        direct = await post_rpc(
+            http, server.url, 300, "tasks/result", {"taskId": task_id, "_meta": MODERN_META}
+        )
+    assert result.content == direct.content
+    assert result.json()["result"]["content"][0]["text"] == "charged o-9 2 #1"
+    assert await server.acount("o-9") == 1

@@ -7,6 +7,11 @@ a call whose answer never arrives still counts), reports progress, waits ``delay
 reports progress again, and answers ``charged <order> <amount> #<n>``; ``fail`` answers a
 tool error (``isError: true``). ``GET /_count?order=O`` → ``{"order": O, "count": n}``.
 
+Long-running tools (MCP tasks), as a small extension (the SDK has no task store of its
+own): a ``tools/call`` with ``params.task`` counts the execution, answers a new task at
+once (``CreateTaskResult``) and completes it ``delay`` seconds later; ``tasks/get`` and
+``tasks/result`` read it.
+
 Run it with ``python -m tests.support.mcp_server --port N [--json]``; tests use
 `McpServerProcess`.
 """
@@ -24,11 +29,17 @@ import sys
 import tempfile
 import time
 import urllib.request
+import uuid
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
+from mcp.server.context import CallNext, HandlerResult
+from mcp.server.extension import Extension, MethodBinding
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp_types import CallToolRequestParams, GetTaskPayloadRequestParams, GetTaskRequestParams
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -37,9 +48,62 @@ from tests.support.net import free_port, wait_for_port
 from tests.support.processes import REPO_ROOT, child_env, stop_process
 
 
+class Tasks(Extension):
+    """Task-augmented tools/call: the call becomes a task that completes in the background."""
+
+    identifier = "dev.fencegate.test/tasks"
+
+    def __init__(self, counts: collections.Counter[str]) -> None:
+        self.counts = counts
+        self.tasks: dict[str, dict[str, Any]] = {}
+        self.results: dict[str, dict[str, Any]] = {}
+        self._running: set[asyncio.Task[None]] = set()
+
+    def methods(self) -> list[MethodBinding]:
+        return [
+            MethodBinding("tasks/get", GetTaskRequestParams, self._get),
+            MethodBinding("tasks/result", GetTaskPayloadRequestParams, self._result),
+        ]
+
+    async def intercept_tool_call(
+        self, params: CallToolRequestParams, ctx: Any, call_next: CallNext
+    ) -> HandlerResult:
+        if params.task is None:
+            return await call_next(ctx)
+        arguments = params.arguments or {}
+        order = str(arguments.get("order"))
+        self.counts[order] += 1
+        execution = self.counts[order]
+        task_id = uuid.uuid4().hex
+        now = datetime.now(UTC).isoformat()
+        task: dict[str, Any] = {"taskId": task_id, "status": "working", "ttl": 60_000}
+        task |= {"createdAt": now, "lastUpdatedAt": now}
+        self.tasks[task_id] = task
+        text = f"charged {order} {arguments.get('amount')} #{execution}"
+        job = asyncio.create_task(self._finish(task_id, float(arguments.get("delay", 0)), text))
+        self._running.add(job)
+        job.add_done_callback(self._running.discard)
+        # An extension's own result type: the 2026-07-28 runner does not sieve it.
+        return {"resultType": "task", "task": task}
+
+    async def _finish(self, task_id: str, delay: float, text: str) -> None:
+        await asyncio.sleep(delay)
+        self.results[task_id] = {"content": [{"type": "text", "text": text}], "isError": False}
+        self.tasks[task_id] |= {
+            "status": "completed",
+            "lastUpdatedAt": datetime.now(UTC).isoformat(),
+        }
+
+    async def _get(self, ctx: Any, params: GetTaskRequestParams) -> HandlerResult:
+        return dict(self.tasks[params.task_id])
+
+    async def _result(self, ctx: Any, params: GetTaskPayloadRequestParams) -> HandlerResult:
+        return self.results[params.task_id]
+
+
 def build_app(*, json_response: bool) -> Starlette:
-    server = MCPServer("charges")
     counts: collections.Counter[str] = collections.Counter()
+    server = MCPServer("charges", extensions=[Tasks(counts)])
 
     @server.tool()
     async def charge(
