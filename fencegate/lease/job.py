@@ -16,10 +16,13 @@ from fencegate.lease.events import EventLog, digest
 from fencegate.lease.execution import Execution, OwnershipLost, OwnershipUnknown
 
 if TYPE_CHECKING:
+    from contextlib import AbstractAsyncContextManager
+
     import aiohttp
 
     from fencegate.lease.client import FencedClient
     from fencegate.lease.httpx_client import FencedAuth
+    from fencegate.lease.mcp_client import FencedMcpSession
     from fencegate.lease.models import Lease
     from fencegate.types import RequestSigner
 
@@ -202,6 +205,17 @@ class JobContext:
             entity=entity,
             signer=self.signer,
             timeout=timeout or self.http_timeout,
+        )
+
+    def mcp(
+        self, url: str, *, entity: str | None = None, timeout: float | None = None
+    ) -> AbstractAsyncContextManager[FencedMcpSession]:
+        """A fenced MCP connection (needs ``fencegate[mcp]``): ``async with job.mcp(url) as
+        tools: await tools.call_tool(name, arguments)``."""
+        from fencegate.lease.mcp_client import connect
+
+        return connect(
+            self, url, entity=entity, signer=self.signer, timeout=timeout or self.http_timeout
         )
 
     def httpx_auth(self, *, step: str | None = None, entity: str | None = None) -> FencedAuth:
