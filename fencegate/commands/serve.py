@@ -294,6 +294,11 @@ def announce(
             "timeout": p.timeout,
             "error_format": p.error_format,
             "reconcile": p.reconcile.describe() if p.reconcile is not None else None,
+            **(
+                {"protocol": "mcp", "tools": [tool.name for tool in p.tools]}
+                if p.protocol == "mcp"
+                else {}
+            ),
         }
         for p in policies
     ]
@@ -314,6 +319,7 @@ def announce(
         f"{r['prefix']} methods={','.join(r['methods'])} on_unknown={r['on_unknown']} "
         f"timeout={r['timeout']:g}s error_format={r['error_format']}"
         + (f" reconcile={r['reconcile']!r}" if r["reconcile"] else "")
+        + (f" protocol=mcp tools={','.join(r['tools']) or '-'}" if "tools" in r else "")
         for r in routes
     )
     logging.getLogger("fencegate.gateway").info(

@@ -17,9 +17,12 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import RequestParamsMeta
 
 from fencegate.gateway.mcp import ERROR_CODES, META_ENTITY, META_FENCE, META_KEY
+from tests.acceptance.test_operator_commands import ok_json
+from tests.acceptance.test_traces import OtlpReceiver
 from tests.support.gateway import GatewayProcess
 from tests.support.mcp_server import McpServerProcess
 from tests.support.net import TcpRelay
+from tests.support.waits import wait_until_sync
 
 CONFIG = """
 [[routes]]
@@ -344,3 +347,47 @@ async def test_a_task_creating_call_is_deduplicated_and_tasks_pass_through(
     assert result.content == direct.content
     assert result.json()["result"]["content"][0]["text"] == "charged o-9 2 #1"
     assert await server.acount("o-9") == 1
+
+
+async def test_operator_commands_and_traces_show_the_call_by_its_tool(
+    sse_server: McpServerProcess, store_url: str, tmp_path: Path
+) -> None:
+    config = tmp_path / "mcp.toml"
+    config.write_text(CONFIG)
+    env = {
+        "OTEL_TRACES_EXPORTER": "otlp",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+        "OTEL_SERVICE_NAME": "mcp-gateway",
+        "OTEL_BSP_SCHEDULE_DELAY": "100",
+    }
+    with OtlpReceiver() as receiver:
+        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = receiver.url
+        gateway = GatewayProcess(
+            upstream=sse_server.base, database_url=store_url, config=config, env=env
+        )
+        with gateway:
+            async with client(gateway) as session:
+                arguments = {"order": "o-10", "amount": 1}
+                fenced = meta("k-10", fence=4, entity="order:o-10")
+                await session.call_tool("charge", arguments, meta=fenced)
+                await session.call_tool("charge", arguments, meta=fenced)
+            log = gateway.log_text()
+            await asyncio.to_thread(
+                wait_until_sync,
+                lambda: sum(s["name"] == "tools/call charge" for s in receiver.spans) >= 2,
+                what="the tool calls' spans",
+                timeout=20,
+            )
+    assert "protocol=mcp tools=charge" in log  # the start line
+    shown = ok_json("keys", "show", "k-10", "--database-url", store_url)
+    assert (shown["method"], shown["target"]) == ("POST", "/mcp tools/call charge")
+    trace = ok_json("trace", "order:o-10", "--database-url", store_url)
+    targets = {e["target"] for e in trace["events"] if e.get("target")}
+    assert targets == {"/mcp tools/call charge"}
+    spans = [s for s in receiver.spans if s["name"] == "tools/call charge"]
+    decisions = sorted(s["attributes"]["fencegate.decision"] for s in spans)
+    assert decisions == ["forwarded", "replayed"]
+    for span in spans:
+        assert span["attributes"]["gen_ai.tool.name"] == "charge"
+        assert span["attributes"]["mcp.method.name"] == "tools/call"
+        assert span["attributes"]["fencegate.idempotency_key"] == "k-10"
