@@ -391,3 +391,25 @@ async def test_operator_commands_and_traces_show_the_call_by_its_tool(
         assert span["attributes"]["gen_ai.tool.name"] == "charge"
         assert span["attributes"]["mcp.method.name"] == "tools/call"
         assert span["attributes"]["fencegate.idempotency_key"] == "k-10"
+
+
+@pytest.mark.parametrize("mode", ["json", "sse"])
+async def test_the_middleware_guards_an_mcp_app_in_process(mode: str, store_url: str) -> None:
+    """The same pipeline as FencegateMiddleware around the MCP server's own ASGI app: one
+    execution per key, the retry replayed under its own id, progress streamed live."""
+    arguments = {"order": "o-11", "amount": 3, "delay": 0.3}
+    with McpServerProcess(json_response=mode == "json", middleware=store_url) as app:
+        async with Client(app.url) as session:
+            progress = Progress()
+            first = await session.call_tool(
+                "charge", arguments, meta=meta("k-11"), progress_callback=progress
+            )
+            again = await session.call_tool("charge", arguments, meta=meta("k-11"))
+            with pytest.raises(MCPError) as refused:
+                await session.call_tool("charge", {**arguments, "amount": 4}, meta=meta("k-11"))
+            tools = await session.list_tools()
+        assert text(first) == text(again) == "charged o-11 3 #1"
+        assert refused.value.error.code == ERROR_CODES["key-reused"]
+        assert [tool.name for tool in tools.tools] == ["charge"]
+        assert progress.seen == ([] if mode == "json" else [1, 2])
+        assert await app.acount("o-11") == 1

@@ -132,8 +132,12 @@ class McpServerProcess:
     """The MCP server in a subprocess on a free loopback port; its endpoint is ``url``
     (``…/mcp``)."""
 
-    def __init__(self, *, json_response: bool, port: int | None = None) -> None:
+    def __init__(
+        self, *, json_response: bool, port: int | None = None, middleware: str | None = None
+    ) -> None:
         self.json_response = json_response
+        # A database URL: the app is wrapped in FencegateMiddleware with an MCP route.
+        self.middleware = middleware
         self.port = port or free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.url = f"{self.base}/mcp"
@@ -143,7 +147,8 @@ class McpServerProcess:
     def __enter__(self) -> McpServerProcess:
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "tests.support.mcp_server", "--port", str(self.port)]
-            + (["--json"] if self.json_response else []),
+            + (["--json"] if self.json_response else [])
+            + (["--middleware", self.middleware] if self.middleware else []),
             cwd=REPO_ROOT,
             env=child_env(),
             stdout=self._log,
@@ -192,8 +197,18 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="test MCP server for fencegate")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--json", action="store_true", help="answer plain JSON, not SSE")
+    parser.add_argument(
+        "--middleware", metavar="DATABASE_URL", help="wrap the app in FencegateMiddleware"
+    )
     args = parser.parse_args(argv)
-    app = build_app(json_response=args.json)
+    app: Any = build_app(json_response=args.json)
+    if args.middleware:
+        from fencegate import FencegateMiddleware
+        from fencegate.gateway.mcp_tools import McpTool
+        from fencegate.gateway.routes import RoutePolicy
+
+        route = RoutePolicy(prefix="/mcp", protocol="mcp", tools=(McpTool(name="charge"),))
+        app = FencegateMiddleware(app, database_url=args.middleware, routes=[route])
     uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")
 
 
