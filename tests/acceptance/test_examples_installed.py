@@ -158,3 +158,21 @@ def test_httpx_example_names_the_extra_then_runs_with_it(
     done = run(python, str(EXAMPLES / "worker_httpx.py"), cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "jobs: ['succeeded', 'succeeded', 'succeeded']" in done.stdout
+
+
+def test_mcp_example_names_the_extra_then_runs_with_it(
+    installed: tuple[Path, Path], tmp_path: Path
+) -> None:
+    python, source = installed
+    without = run(python, str(EXAMPLES / "mcp_gateway.py"), cwd=tmp_path)
+    assert without.returncode != 0
+    assert "Traceback" not in without.stderr
+    assert "pip install 'fencegate[mcp]'" in without.stderr
+
+    pip(python, f"{source}[mcp]")
+    done = run(python, str(EXAMPLES / "mcp_gateway.py"), cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = [" ".join(line.split()) for line in done.stdout.splitlines()]
+    assert "a copy while o-2 still runs -> JSON-RPC error -32062 (in-flight)" in lines
+    assert "a replaced agent run, token 2 -> JSON-RPC error -32064 (stale-fence)" in lines
+    assert "charges the MCP server executed: {'o-1': 1, 'o-2': 1}" in done.stdout
