@@ -82,7 +82,10 @@ _MCP_DETAIL = {
 
 def error_message(rid: jsonrpc.RequestId | None, problem: Problem) -> bytes:
     data = problem.to_dict()
-    data["detail"] = detail = _MCP_DETAIL.get(problem.kind, problem.detail)
+    detail = _MCP_DETAIL.get(problem.kind, problem.detail)
+    if problem.kind == "stale-fence":  # the fence came in _meta or in the header
+        detail = detail.replace("X-Execution-Fence ", "the fence ", 1)
+    data["detail"] = detail
     return jsonrpc.error_body(rid, error_code(problem), f"{problem.title}: {detail}", data)
 
 

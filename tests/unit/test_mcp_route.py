@@ -22,6 +22,7 @@ from fencegate.gateway.mcp import (
     McpExchange,
     McpRoute,
     error_code,
+    error_message,
 )
 from fencegate.gateway.routes import RoutePolicy
 from fencegate.problems import Problem
@@ -213,6 +214,16 @@ def test_every_refusal_has_its_code() -> None:
     assert all(-32099 <= c <= -32000 for c in [*codes, OTHER_REFUSAL])
     # Clear of the codes MCP itself uses.
     assert not {-32000, -32001, -32020, -32021, -32022, -32042} & {*codes, OTHER_REFUSAL}
+
+
+def test_refusals_speak_of_tool_calls() -> None:
+    stale = Problem(412, "stale-fence", "Stale fencing token", "X-Execution-Fence 2 is lower")
+    error = orjson.loads(error_message(7, stale))
+    assert error["id"] == 7 and error["error"]["code"] == ERROR_CODES["stale-fence"]
+    assert error["error"]["data"]["detail"] == "the fence 2 is lower"
+    assert error["error"]["message"] == "Stale fencing token: the fence 2 is lower"
+    reused = orjson.loads(error_message("a", Problem(422, "key-reused", "Reused", "method")))
+    assert "another tool, or with other arguments" in reused["error"]["data"]["detail"]
 
 
 def test_a_stored_response_answers_another_id() -> None:
