@@ -274,12 +274,10 @@ def print_table(summaries: Sequence[Summary]) -> None:
         # Beside each ratio, the CPU each process spent per request (ms): the server, the
         # upstream, the PostgreSQL backends ("-" where not measured).
         server, upstream, database = r.cost_parts_ms
-        measured = bool(r.scenario.helper_pids)
         parts = (
-            f"{server:>7.3f} {upstream:>7.3f} "
+            f"{server:>7.3f} "
+            + (f"{upstream:>7.3f} " if r.scenario.helper_pids else f"{'-':>7} ")
             + (f"{database:>7.3f}" if r.scenario.database else f"{'-':>7}")
-            if measured
-            else f"{r.cost_ms:>7.3f} {'-':>7} {'-':>7}"
         )
         print(
             f"{r.scenario.name:<40} {r.rps:>7.0f} {r.p50_ms:>7.2f} {r.p99_ms:>7.2f} "
