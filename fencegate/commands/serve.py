@@ -69,6 +69,13 @@ _OPTIONS: list[tuple[str, str, type, str]] = [
         float,
         "seconds between the reconciler's looks for keys to settle, 0 for none (1)",
     ),
+    (
+        "--answer-cache",
+        "answer_cache",
+        int,
+        "completed answers kept in memory per process: a replay without a fence is answered "
+        "without a round trip, its history row written within 0.2 s; 0 for none (10000)",
+    ),
     ("--log-level", "log_level", str, "critical, error, warning, info, debug (info)"),
     ("--log-format", "log_format", str, "text, or json: one object per line on stderr (text)"),
     ("--workers", "workers", int, "worker processes (1)"),

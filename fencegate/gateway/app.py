@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from fencegate import tracing
+from fencegate.gateway.answers import AnswerCache
 from fencegate.gateway.config import GatewayConfig
 from fencegate.gateway.engine import Engine
 from fencegate.gateway.health import StoreHealth
@@ -108,6 +109,7 @@ class GatewayApplication:
             metrics=self.metrics,
             store_argument=operator_store_argument(settings.database_url),
             release_margin=settings.release_margin,
+            answers=AnswerCache(settings.answer_cache) if settings.answer_cache > 0 else None,
         )
         # Registered before the first request: a key this process reserves is never
         # released from under it while it runs.

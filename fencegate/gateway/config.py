@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from fencegate.errors import FencegateError
+from fencegate.gateway.answers import DEFAULT_ANSWER_CACHE_SIZE
 from fencegate.gateway.routes import RoutePolicy, check_upstream
 from fencegate.store.release_rule import DEFAULT_GATEWAY_HEARTBEAT, DEFAULT_RELEASE_MARGIN
 
@@ -35,6 +36,9 @@ class GatewaySettings(BaseSettings):
     migrate: bool | None = None  # None: SQLite yes, PostgreSQL no
     # One fencegate_decisions row per decision, in the decision's own transaction.
     decision_history: bool = True
+    # Completed answers kept in memory per process, replaying requests without a fence
+    # without a round trip (least recently used first out; 0: none).
+    answer_cache: int = Field(default=DEFAULT_ANSWER_CACHE_SIZE, ge=0)
     # One line per decision on the fencegate.decisions logger (INFO).
     decision_log: bool = True
     key_ttl_seconds: float = Field(default=DAY, gt=0)

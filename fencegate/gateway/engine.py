@@ -21,7 +21,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from fencegate.gateway import headers as h
+from fencegate.gateway.answers import AnswerCache, CachedAnswer
 from fencegate.gateway.decisions import DecisionTrace, decision_of
+from fencegate.gateway.deferred_history import DeferredHistory
 from fencegate.gateway.fingerprint import request_fingerprint
 from fencegate.gateway.headers import NOT_REPLAYED
 from fencegate.gateway.health import DecisionOutcomes
@@ -29,7 +31,12 @@ from fencegate.gateway.latency import RouteLatency, retry_after_seconds
 from fencegate.gateway.metrics import GatewayMetrics
 from fencegate.gateway.recorder import ABANDON, OwedWrite, PendingWrites, Write
 from fencegate.gateway.routes import RoutePolicy, entity_missing
-from fencegate.gateway.send_deadline import SEND_BY, LeaseClock, LeaseDeadlinePassed
+from fencegate.gateway.send_deadline import (
+    CLOCK_RATE_MARGIN,
+    SEND_BY,
+    LeaseClock,
+    LeaseDeadlinePassed,
+)
 from fencegate.gateway.upstream import (
     Forward,
     UpstreamOutcomeUnknown,
@@ -41,6 +48,7 @@ from fencegate.problems import Problem
 from fencegate.store.base import (
     DecideRequest,
     Decision,
+    DeferredDecision,
     GatewayStore,
     KeyRecord,
     Outcome,
@@ -98,6 +106,7 @@ class Engine:
         metrics: GatewayMetrics | None = None,
         store_argument: str = "",
         release_margin: float = DEFAULT_RELEASE_MARGIN,
+        answers: AnswerCache | None = None,
     ) -> None:
         if lease_seconds <= 0:
             raise ValueError("the in-flight lease must be longer than zero seconds")
@@ -127,6 +136,14 @@ class Engine:
         # restart at 1 once a key is released, and an answer still owed for an earlier
         # reservation must never complete a later one.
         self._reservations = itertools.count(1)
+        # Completed answers kept in memory (None: off): replays without a fence are answered
+        # from them, their history rows written in the background (`answers.py`).
+        self.answers = answers
+        self.deferred = (
+            DeferredHistory(store, timeout=store_timeout, internal=self.internal_errors)
+            if answers is not None and store.history
+            else None
+        )
 
     async def handle(
         self,
@@ -183,20 +200,28 @@ class Engine:
             raise entity_missing(policy.entity)
         if key is None and fence is None:
             return await self._relay(forward, policy, "passthrough")
+        fingerprint = (
+            request_fingerprint(request.method, request.path, request.query_string, request.body)
+            if key is not None
+            else ""
+        )
+        owner = f"{self.owner}/{next(self._reservations)}"
+        if fence is None and self.answers is not None:
+            assert key is not None
+            cached = self.answers.get(tenant, key)
+            if cached is not None:
+                return self._from_copy(
+                    cached, request, policy, tenant, key, entity, fingerprint, owner
+                )
 
         # Steps 3 and 4: one transaction in the store. The lease is timed from before its
         # round trip: the database's lease can only end later than this clock says.
-        owner = f"{self.owner}/{next(self._reservations)}"
         started = time.monotonic()
         decision = await self._decide(
             DecideRequest(
                 tenant=tenant,
                 key=key,
-                fingerprint=request_fingerprint(
-                    request.method, request.path, request.query_string, request.body
-                )
-                if key is not None
-                else "",
+                fingerprint=fingerprint,
                 entity=entity,
                 fence=fence,
                 owner=owner,
@@ -220,12 +245,7 @@ class Engine:
             assert decision.response is not None
             return replay(decision.response, key)
         if outcome is Outcome.MISMATCH:
-            raise Problem(
-                422,
-                "key-reused",
-                "Idempotency-Key reused",
-                "this Idempotency-Key was first used with a different method, path, query or body",
-            )
+            raise key_reused()
         if outcome is Outcome.IN_FLIGHT:
             raise in_flight(decision, policy.timeout, self.latency.typical(policy.prefix))
         if outcome is Outcome.PENDING or (
@@ -246,7 +266,51 @@ class Engine:
         assert decision.attempt is not None
         reservation = Reservation(tenant, key, owner, decision.attempt, request.request_id)
         lease = LeaseClock(self.lease_seconds, started=started)
-        return await self._execute(reservation, forward, policy, lease)
+        # A new reservation's key expires at its transaction's now() plus the TTL, and that
+        # transaction began after ``started``: a copy of its answer may be kept until then.
+        # (A key taken over keeps the expiry of its first reservation: no copy.)
+        copy_until = (
+            started + policy.key_ttl_seconds * (1.0 - CLOCK_RATE_MARGIN)
+            if outcome is Outcome.RESERVED and self.answers is not None
+            else None
+        )
+        return await self._execute(reservation, forward, policy, lease, fingerprint, copy_until)
+
+    def _from_copy(
+        self,
+        cached: CachedAnswer,
+        request: IncomingRequest,
+        policy: RoutePolicy,
+        tenant: str,
+        key: str,
+        entity: str | None,
+        fingerprint: str,
+        owner: str,
+    ) -> GatewayResponse:
+        """A replay (or a key reused) answered from the copy of a completed answer: what the
+        store would answer, without its round trip. The history row follows in the
+        background (`DeferredHistory`)."""
+        same = cached.fingerprint == fingerprint
+        if self.deferred is not None:
+            self.deferred.add(
+                DeferredDecision(
+                    tenant=tenant,
+                    key=key,
+                    decision=Outcome.REPLAY.value if same else Outcome.MISMATCH.value,
+                    entity=entity,
+                    attempt=cached.attempt,
+                    owner=owner,
+                    request_id=request.request_id,
+                    method=request.method,
+                    target=request.path,
+                    ttl_seconds=policy.key_ttl_seconds,
+                )
+            )
+        if self.metrics is not None:
+            self.metrics.answer_cache_hit()
+        if not same:
+            raise key_reused()
+        return replay(cached.response, key)
 
     async def _decide(self, request: DecideRequest) -> Decision:
         started = time.perf_counter()
@@ -295,7 +359,10 @@ class Engine:
         """Stop the engine's background writes (cancelled and awaited, so none outlives the
         store it writes to), after up to ``grace`` seconds for the answers still owed;
         returns how many were left, each logged for an operator to resolve."""
-        return await self.pending.drain(grace=grace)
+        left = await self.pending.drain(grace=grace)
+        if self.deferred is not None:
+            await self.deferred.close()
+        return left
 
     async def _look_up(self, tenant: str, key: str) -> KeyRecord | None:
         return await self.store.get_key(tenant, key, timeout=self.store_timeout)
@@ -311,7 +378,13 @@ class Engine:
         return GatewayResponse(answer.status, answer.headers, answer.body, label)
 
     async def _execute(
-        self, reservation: Reservation, forward: Forward, policy: RoutePolicy, lease: LeaseClock
+        self,
+        reservation: Reservation,
+        forward: Forward,
+        policy: RoutePolicy,
+        lease: LeaseClock,
+        fingerprint: str = "",
+        copy_until: float | None = None,
     ) -> GatewayResponse:
         """Steps 5 and 6: forward while holding the lease, then record what happened."""
         timeout = self.store_timeout
@@ -369,12 +442,18 @@ class Engine:
             body=answer.body if len(answer.body) <= policy.max_stored_body_bytes else None,
             sha256=hashlib.sha256(answer.body).hexdigest(),
         )
-        await self._record(
+        completed = await self._record(
             "complete",
             reservation,
             lambda: store.complete(reservation, stored, timeout=timeout),
             policy,
         )
+        if completed and copy_until is not None and self.answers is not None:
+            self.answers.put(
+                reservation.tenant,
+                reservation.key,
+                CachedAnswer(fingerprint, stored, reservation.attempt, copy_until),
+            )
         return GatewayResponse(answer.status, answer.headers, answer.body, "forwarded")
 
     async def _record(
@@ -499,6 +578,15 @@ def replay(stored: StoredResponse, key: str) -> GatewayResponse:
     headers = [(k, v) for k, v in stored.headers if k.lower() not in NOT_REPLAYED]
     headers.append(("idempotent-replayed", "true"))
     return GatewayResponse(stored.status, headers, stored.body, "replayed")
+
+
+def key_reused() -> Problem:
+    return Problem(
+        422,
+        "key-reused",
+        "Idempotency-Key reused",
+        "this Idempotency-Key was first used with a different method, path, query or body",
+    )
 
 
 def body_too_large(limit: int) -> Problem:

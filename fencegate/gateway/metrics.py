@@ -85,6 +85,12 @@ class GatewayMetrics:
             ["tool", "decision", "problem"],
             registry=self.registry,
         )
+        self.answer_cache_hits = Counter(
+            "fencegate_answer_cache_hits",
+            "Requests answered from this process's copy of a completed answer (a replay, or "
+            "a key reused), without a round trip to the store.",
+            registry=self.registry,
+        )
         # Label children are cached: looking one up per request is most of the cost.
         self._decisions: dict[tuple[str, str], Counter] = {}
         self._operations: dict[str, Histogram] = {}
@@ -101,6 +107,9 @@ class GatewayMetrics:
 
     def count_tool_call(self, tool: str, decision: str, problem: str = "") -> None:
         self.tool_calls.labels(tool=tool, decision=decision, problem=problem).inc()
+
+    def answer_cache_hit(self) -> None:
+        self.answer_cache_hits.inc()
 
     def reconciled(self, route: str, result: str) -> None:
         self.reconciliations.labels(route=route, result=result).inc()

@@ -21,6 +21,7 @@ from collections.abc import Iterable
 
 from fencegate import tracing
 from fencegate.errors import StoreUnavailable
+from fencegate.gateway.answers import DEFAULT_ANSWER_CACHE_SIZE, AnswerCache
 from fencegate.gateway.engine import Engine, problem_response, store_unavailable
 from fencegate.gateway.metrics import GatewayMetrics
 from fencegate.gateway.pipeline import (
@@ -62,6 +63,7 @@ class FencegateMiddleware:
         gateway_heartbeat: float = DEFAULT_GATEWAY_HEARTBEAT,
         release_margin: float = DEFAULT_RELEASE_MARGIN,
         reconcile_interval: float = DEFAULT_INTERVAL,
+        answer_cache: int = DEFAULT_ANSWER_CACHE_SIZE,
     ) -> None:
         """``store`` is used as given (the caller closes it); otherwise the store named by
         ``database_url`` (default SQLite ``./fencegate.db``) is opened on first use and
@@ -74,7 +76,9 @@ class FencegateMiddleware:
         declares ``reconcile``, a reconciler settles its unknown outcomes every
         ``reconcile_interval`` seconds (0: none) once ``release_margin`` seconds have passed
         since each one's lease ended (see `fencegate.gateway.reconciler`); its 424 answers
-        quote that margin."""
+        quote that margin. ``answer_cache`` completed answers are kept in memory, least
+        recently used first out, and replay requests without a fence without a round trip
+        to the store (0: none; `fencegate.gateway.answers`)."""
         self.app = app
         self._database_url = database_url
         self._owns_store = store is None
@@ -88,6 +92,7 @@ class FencegateMiddleware:
         self._heartbeat = gateway_heartbeat
         self._release_margin = release_margin
         self._reconcile_interval = reconcile_interval
+        self._answer_cache = answer_cache
         self.reconciler: Reconciler | None = None
         self.registry: GatewayRegistry | None = None
         self.metrics = metrics or GatewayMetrics()
@@ -172,6 +177,7 @@ class FencegateMiddleware:
                     if self._owns_store or self._database_url
                     else "",
                     release_margin=self._release_margin,
+                    answers=AnswerCache(self._answer_cache) if self._answer_cache > 0 else None,
                 )
                 registry = GatewayRegistry(
                     self._store,

@@ -494,7 +494,7 @@ class LeaseQueue:
     # -- coalesced writes: one driver call per batch ---------------------------------------
 
     async def _complete_batch(self, items: list[tuple[Lease, Any]], timeout: float) -> list[bool]:
-        return await self._driver.complete_many(items, timeout=timeout)
+        return await self._driver.complete_many(items, timeout=timeout, held=True)
 
     async def _fail_batch(
         self, items: list[tuple[Lease, Any, float | None]], timeout: float

@@ -107,6 +107,26 @@ class Reservation:
 
 
 @dataclass(frozen=True, slots=True)
+class DeferredDecision:
+    """A decision the gateway answered without the store (a replay, or a key reused, from
+    its copy of a completed answer): its history row, written later in a batch. ``age`` is
+    how many seconds before the write the decision was made (the row's time is the
+    database's clock less that); ``ttl_seconds`` how long the row is kept from then."""
+
+    tenant: str
+    key: str
+    decision: str
+    entity: str | None
+    attempt: int | None
+    owner: str
+    request_id: str
+    method: str
+    target: str
+    ttl_seconds: float
+    age: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
 class KeyRecord:
     """One idempotency key as an operator sees it (times in epoch seconds, database clock)."""
 
@@ -248,6 +268,10 @@ class GatewayStore(abc.ABC):
         self, reservation: Reservation, lease_seconds: float, *, timeout: float
     ) -> bool:
         """Extend the in-flight lease; False when it already expired or was taken over."""
+
+    @abc.abstractmethod
+    async def record_decisions(self, rows: list[DeferredDecision], *, timeout: float) -> None:
+        """Write history rows of decisions made without the store, in one transaction."""
 
     @abc.abstractmethod
     async def remember_nonce(

@@ -20,6 +20,7 @@ from fencegate.errors import StoreUnavailable
 from fencegate.store.base import (
     DecideRequest,
     Decision,
+    DeferredDecision,
     GatewayStore,
     KeyRecord,
     Outcome,
@@ -225,6 +226,22 @@ class PostgresGatewayStore(GatewayStore):
         args = (r.tenant, r.key, r.owner, r.attempt, float(lease_seconds))
         status = await self._db.run(lambda conn: conn.execute(Q.renew, *args), timeout=timeout)
         return affected(status)
+
+    async def record_decisions(self, rows: list[DeferredDecision], *, timeout: float) -> None:
+        args = (
+            [r.tenant for r in rows],
+            [r.entity for r in rows],
+            [r.key for r in rows],
+            [r.decision for r in rows],
+            [r.attempt for r in rows],
+            [r.owner for r in rows],
+            [r.request_id for r in rows],
+            [r.method for r in rows],
+            [r.target for r in rows],
+            [float(r.age) for r in rows],
+            [float(r.ttl_seconds) for r in rows],
+        )
+        await self._db.run(lambda conn: conn.execute(Q.record_decisions, *args), timeout=timeout)
 
     async def remember_nonce(
         self, key_id: str, nonce: str, ttl_seconds: float, *, timeout: float

@@ -21,6 +21,7 @@ import orjson
 from fencegate.store.base import (
     DecideRequest,
     Decision,
+    DeferredDecision,
     GatewayStore,
     KeyRecord,
     Outcome,
@@ -408,6 +409,33 @@ class SQLiteGatewayStore(GatewayStore):
             return conn.execute(Q.renew, params).rowcount > 0
 
         return await self._db.run(run, timeout=timeout, write=True)
+
+    async def record_decisions(self, rows: list[DeferredDecision], *, timeout: float) -> None:
+        def run(conn: sqlite3.Connection) -> None:
+            now = clock(conn)
+            conn.executemany(
+                Q.record_decision,
+                [
+                    {
+                        "now": now - r.age,
+                        "tenant": r.tenant,
+                        "entity": r.entity,
+                        "key": r.key,
+                        "fence": None,
+                        "decision": r.decision,
+                        "attempt": r.attempt,
+                        "owner": r.owner,
+                        "request_id": r.request_id,
+                        "method": r.method,
+                        "target": r.target,
+                        "upstream_status": None,
+                        "expires_at": now - r.age + r.ttl_seconds,
+                    }
+                    for r in rows
+                ],
+            )
+
+        await self._db.run(run, timeout=timeout, write=True)
 
     async def remember_nonce(
         self, key_id: str, nonce: str, ttl_seconds: float, *, timeout: float

@@ -71,7 +71,9 @@ def test_healthz_and_metrics(upstream: UpstreamProcess, tmp_path: Path) -> None:
     assert f'{requests}{{decision="forwarded",problem=""}} 1.0' in text
     assert f'{requests}{{decision="replayed",problem=""}} 1.0' in text
     assert f'{requests}{{decision="invalid_request",problem="entity-required"}} 1.0' in text
-    assert 'fencegate_store_latency_seconds_count{operation="decide"} 2.0' in text
+    # The replay came from the gateway's copy of the answer: no decision in the store.
+    assert 'fencegate_store_latency_seconds_count{operation="decide"} 1.0' in text
+    assert "fencegate_answer_cache_hits_total 1.0" in text
     assert "fencegate_upstream_latency_seconds_count 1.0" in text
 
 

@@ -188,8 +188,11 @@ class Driver(abc.ABC):
 
     @abc.abstractmethod
     async def complete_many(
-        self, items: Sequence[tuple[Lease, Any]], *, timeout: float
-    ) -> list[bool]: ...
+        self, items: Sequence[tuple[Lease, Any]], *, timeout: float, held: bool = False
+    ) -> list[bool]:
+        """Per item, whether the job was completed (False: its lease is no longer held).
+        ``held``: the caller never makes two such calls at once (the queue's batcher of
+        `complete` calls), so they may run on one connection kept between them."""
 
     @abc.abstractmethod
     async def fail_many(

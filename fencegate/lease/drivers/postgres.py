@@ -326,18 +326,25 @@ class PostgresDriver(Driver):
         return [renewed.get((lease.job_id, lease.fencing_token)) for lease in leases]
 
     async def complete_many(
-        self, items: Sequence[tuple[Lease, Any]], *, timeout: float
+        self, items: Sequence[tuple[Lease, Any]], *, timeout: float, held: bool = False
     ) -> list[bool]:
-        rows = await self._run(
-            lambda conn: conn.fetch(
-                Q.lease_complete_many,
-                [lease.job_id for lease, _ in items],
-                [lease.owner_id for lease, _ in items],
-                [lease.fencing_token for lease, _ in items],
-                [_dumps(result) for _, result in items],
-            ),
-            timeout=timeout,
+        args = (
+            [lease.job_id for lease, _ in items],
+            [lease.owner_id for lease, _ in items],
+            [lease.fencing_token for lease, _ in items],
+            [_dumps(result) for _, result in items],
         )
+
+        def fetch(conn: asyncpg.Connection) -> Awaitable[list[asyncpg.Record]]:
+            return conn.fetch(Q.lease_complete_many, *args)
+
+        if held:
+            # One call at a time (the queue's batcher): taking a connection from the pool
+            # and giving it back would cost more client CPU than the statement.
+            self.round_trips += 1
+            rows = await self._db.run_held(fetch, timeout=timeout)
+        else:
+            rows = await self._run(fetch, timeout=timeout)
         done = {row["id"] for row in rows}
         return [lease.job_id in done for lease, _ in items]
 

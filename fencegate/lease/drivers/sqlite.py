@@ -388,7 +388,7 @@ class SQLiteDriver(Driver):
         return [None if value is None else _time(value) for value in renewed]
 
     async def complete_many(
-        self, items: Sequence[tuple[Lease, Any]], *, timeout: float
+        self, items: Sequence[tuple[Lease, Any]], *, timeout: float, held: bool = False
     ) -> list[bool]:
         encoded = [(lease, _dumps(result)) for lease, result in items]
 

@@ -61,6 +61,19 @@ UPDATE fencegate_idempotency_keys SET locked_until = clock_timestamp() + make_in
 WHERE tenant = $1 AND key = $2 AND owner = $3 AND attempt = $4 AND state = 'in_flight'
   AND locked_until > clock_timestamp();
 
+-- name: record_decisions
+-- History rows of decisions the gateway answered from its copy of a completed answer (no
+-- statement on the request's path), written in batches: $10 is each one's age in seconds
+-- (its time is the database clock less that), $11 how long it is kept from then.
+INSERT INTO fencegate_decisions (
+    at, tenant, entity, key, decision, attempt, owner, request_id, method, target, expires_at)
+SELECT now() - make_interval(secs => d.age), d.tenant, d.entity, d.key, d.decision,
+    d.attempt, d.owner, d.request_id, d.method, d.target,
+    now() - make_interval(secs => d.age) + make_interval(secs => d.ttl)
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::integer[], $6::text[],
+    $7::text[], $8::text[], $9::text[], $10::float8[], $11::float8[])
+    AS d(tenant, entity, key, decision, attempt, owner, request_id, method, target, age, ttl);
+
 -- name: remember_nonce
 -- A nonce row that has expired may be reused; an unexpired one is a replayed signature.
 INSERT INTO fencegate_signature_nonces AS n (key_id, nonce, expires_at)

@@ -171,3 +171,40 @@ async def test_queued_call_honours_its_own_timeout(queue: LeaseQueue, write_bloc
     assert waited < 2.0, f"a 0.5 s call waited {waited:.2f}s"
     await write_blocker.release()
     assert await asyncio.wait_for(first, 10)
+
+
+async def test_sequential_completes_keep_one_connection_and_survive_losing_it(
+    pg_url: str,
+) -> None:
+    """`complete()` awaited one at a time (the obvious loop) runs on one connection kept
+    between calls, not one taken from the pool each time; when that connection dies, the
+    call on it fails as a store fault and the next one takes another."""
+    queue = await LeaseQueue.connect(pg_url, timeout=10, pool_max_size=4)
+    try:
+        leases = await claim_jobs(queue, "one-by-one", 8)
+        for lease in leases[:4]:
+            assert await queue.complete(lease, None)
+        pool = queue._driver._db.pool  # type: ignore[attr-defined]
+        # Every pooled connection is idle but the one the completions keep.
+        assert pool.get_idle_size() == pool.get_size() - 1
+        conn = await asyncpg.connect(pg_url)
+        try:
+            # The backends whose last statement was a completion: one, however many calls.
+            pids = await conn.fetch(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                "AND query LIKE '%SET state = ''succeeded''%' AND pid <> pg_backend_pid()"
+            )
+            assert len(pids) == 1, pids
+            await conn.execute("SELECT pg_terminate_backend($1)", pids[0]["pid"])
+        finally:
+            await conn.close()
+        answers: list[bool | str] = []
+        for lease in leases[4:]:
+            try:
+                answers.append(await queue.complete(lease, None))
+            except StoreUnavailable:
+                answers.append("unavailable")
+                answers.append(await queue.complete(lease, None))
+        assert answers[-3:] == [True, True, True] and answers.count(True) == 4, answers
+    finally:
+        await queue.close()
