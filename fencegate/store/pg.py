@@ -46,6 +46,9 @@ def unavailable(
     return StoreUnavailable(f"{type(exc).__name__}: {exc}")
 
 
+# Whether the database has the Citus extension (a Citus coordinator's, or a worker's).
+CITUS_INSTALLED = "SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')"
+
 _POOLER_HINT = (
     "prepared statements do not survive a transaction-pooling connection pooler "
     f"(PgBouncer pool_mode = transaction): add ?{POOL_MODE_OPTION}=transaction to the database URL"
@@ -203,6 +206,9 @@ class PgDatabase:
         # What the last new connection found about replication (None: not checked).
         self.replication = replication
         self.closed = False
+        # Whether the database is a Citus coordinator's (the extension is installed): the
+        # gateway store then batches per tenant (fencegate/store/postgres.py).
+        self.citus = False
         # The connection `run_held` keeps between its calls (None: none taken yet), and
         # whether a call is running on it (closing then leaves it to that call).
         self._held: Any = None
@@ -246,8 +252,17 @@ class PgDatabase:
         startup, local = _split_settings(settings, transaction_pooling=target.transaction_pooling)
         guard = ReplicationGuard(target.where, require=require_synchronous_replication)
 
+        found = {"citus": False}
+
         async def setup(conn: asyncpg.Connection) -> None:
             async with _pinned(conn, pinned=target.transaction_pooling):
+                if await conn.fetchval(CITUS_INSTALLED):
+                    found["citus"] = True
+                    if generic_plans and not target.transaction_pooling:
+                        # Citus plans most distributed statements only with their values,
+                        # and its fast-path router planner crashes the backend on a
+                        # forced generic plan of an upsert (docs/operations/citus.md).
+                        await conn.execute("SET plan_cache_mode = auto")
                 if init is not None:
                     await init(conn)
                 if not target.transaction_pooling:
@@ -278,9 +293,11 @@ class PgDatabase:
             # Said plainly: the first thing a misconfigured URL produces is this message.
             raise StoreUnavailable(f"PostgreSQL did not answer: {fault}") from exc
         assert pool is not None
-        return cls(
+        db = cls(
             pool, target=target, server_settings=startup, local_settings=local, replication=guard
         )
+        db.citus = found["citus"]
+        return db
 
     async def listen(
         self,
