@@ -170,6 +170,19 @@ async def check_client(conn: asyncpg.Connection) -> None:
         await conn.execute("SET client_connection_check_interval = '100ms'")
 
 
+async def _warm(pool: asyncpg.Pool, count: int, timeout: float) -> None:
+    """``count`` connections opened (and set up) at once and given back to the pool, so
+    that callers find them ready; one that fails or is late is left to the first caller."""
+    tasks = [asyncio.ensure_future(pool.acquire()) for _ in range(count)]
+    done, pending = await asyncio.wait(tasks, timeout=timeout)
+    for task in pending:
+        task.cancel()
+    for task in done:
+        if not task.cancelled() and task.exception() is None:
+            with contextlib.suppress(Exception):
+                await pool.release(task.result())
+
+
 def _closed(conn: Any) -> bool:
     """Whether a pooled connection is closed; the pool takes back one that closes while
     held, and its proxy then refuses every call."""
@@ -227,6 +240,8 @@ class PgDatabase:
         init: Callable[[asyncpg.Connection], Coroutine[Any, Any, None]] | None = None,
         max_inactive_connection_lifetime: float = 300.0,
         generic_plans: bool = False,
+        citus_warm: Sequence[str] = (),
+        citus_warm_connections: int = 0,
         index_scans: bool = False,
         require_synchronous_replication: bool = False,
     ) -> PgDatabase:
@@ -263,6 +278,11 @@ class PgDatabase:
                         # and its fast-path router planner crashes the backend on a
                         # forced generic plan of an upsert (docs/operations/citus.md).
                         await conn.execute("SET plan_cache_mode = auto")
+                    for sql in citus_warm:
+                        # A new backend on a Citus coordinator loads Citus's metadata and
+                        # asyncpg introspects the statement's composite types: a third of a
+                        # second, paid here rather than by a caller's deadline.
+                        await conn.prepare(sql)
                 if init is not None:
                     await init(conn)
                 if not target.transaction_pooling:
@@ -293,6 +313,9 @@ class PgDatabase:
             # Said plainly: the first thing a misconfigured URL produces is this message.
             raise StoreUnavailable(f"PostgreSQL did not answer: {fault}") from exc
         assert pool is not None
+        warm = min(citus_warm_connections, max_size)
+        if found["citus"] and warm > min_size:
+            await _warm(pool, warm, timeout)
         db = cls(
             pool, target=target, server_settings=startup, local_settings=local, replication=guard
         )

@@ -121,12 +121,14 @@ class CitusNode:
             return None
 
     def kill(self) -> None:
-        """SIGKILL to the postmaster (its backends stay until they notice; the restart
-        waits for them)."""
+        """SIGKILL to the node's every process at once, as a host that dies: the postmaster
+        and each of its children (backends, the checkpointer, Citus's daemon)."""
         pid = self.pid()
-        if pid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        if pid is None:
+            return
+        for victim in [pid, *_children(pid)]:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(victim, signal.SIGKILL)
 
     def clear_stale_pid(self, timeout: float = 30.0) -> None:
         """A postmaster killed with -9 may stay a zombie (where nothing reaps it) holding
@@ -148,6 +150,18 @@ class CitusNode:
             capture_output=True,
             timeout=60,
         )
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[1] == str(pid):
+            found.append(int(stat.parent.name))
+    return found
 
 
 def _running(pid: int) -> bool:

@@ -178,10 +178,11 @@ SELECT 1;
 
 -- name: gateway_heartbeat
 -- Registers the process, or keeps it alive: alive until $4 seconds from now (database clock).
-INSERT INTO fencegate_gateways AS g (instance, host, pid, alive_until)
-VALUES ($1, $2, $3, now() + make_interval(secs => $4))
+-- (The upsert sets only what it inserted: Citus plans no non-immutable function in DO UPDATE.)
+INSERT INTO fencegate_gateways AS g (instance, host, pid, heartbeat_at, alive_until)
+VALUES ($1, $2, $3, now(), now() + make_interval(secs => $4))
 ON CONFLICT (instance) DO UPDATE
-SET heartbeat_at = now(), alive_until = EXCLUDED.alive_until;
+SET heartbeat_at = EXCLUDED.heartbeat_at, alive_until = EXCLUDED.alive_until;
 
 -- name: gateway_deregister
 -- A clean stop, once the process owes no write.
