@@ -135,13 +135,13 @@ async def migrate_postgres(
     needed), which the stores then put on their connections' search path. ``citus``: True
     requires a Citus coordinator and distributes the gateway's tables, None does so where
     the extension is installed, False never."""
-    applied = await _migrate_postgres(conn, schema=schema)
     installed = bool(await conn.fetchval(CITUS_INSTALLED))
     if citus and not installed:
         raise CitusMissing(
             "--citus: this database has no Citus extension (run CREATE EXTENSION citus on "
             "the coordinator and each worker, and add the workers, first)"
         )
+    applied = await _migrate_postgres(conn, schema=schema)
     if installed and citus is not False:
         await distribute_on_citus(conn, schema=schema)
     return applied
