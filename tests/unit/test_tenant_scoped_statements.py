@@ -20,7 +20,13 @@ TENANT_TABLES = (
     "fencegate_signature_nonces",
 )
 # The functions a gateway calls on a tenant's rows (distributed on their tenant on Citus).
-TENANT_FUNCTIONS = ("fencegate_step", "fencegate_renew", "fencegate_remember_nonce")
+TENANT_FUNCTIONS = (
+    "fencegate_step",
+    "fencegate_renew",
+    "fencegate_remember_nonce",
+    "fencegate_release",
+    "fencegate_mark_unknown",
+)
 
 # Statements meant to span tenants: maintenance by expiry time, not a request's decision;
 # and the reconciler's poll for due keys (it settles each by its tenant and key).
@@ -82,7 +88,7 @@ def function_statements(function: str) -> list[str]:
 
 def test_every_gateway_statement_on_tenant_rows_filters_on_the_tenant() -> None:
     gateway = {name: sql for name, sql in queries("postgresql").items() if touched_tables(sql)}
-    assert {"release", "mark_unknown", "get_key"} <= set(gateway)
+    assert {"get_key", "resolve_completed", "resolve_released"} <= set(gateway)
     unfiltered = [
         name
         for name, sql in gateway.items()

@@ -37,6 +37,12 @@ BEGIN
     PERFORM create_distributed_function(
         'fencegate_remember_nonce(text, text, text, double precision)'::regprocedure,
         distribution_arg_name => 'p_tenant', colocate_with => 'fencegate_idempotency_keys');
+    PERFORM create_distributed_function(
+        'fencegate_release(text, text, text, integer, text, integer, boolean)'::regprocedure,
+        distribution_arg_name => 'p_tenant', colocate_with => 'fencegate_idempotency_keys');
+    PERFORM create_distributed_function(
+        'fencegate_mark_unknown(text, text, text, integer, text, boolean, text)'::regprocedure,
+        distribution_arg_name => 'p_tenant', colocate_with => 'fencegate_idempotency_keys');
     -- Asked inside statements on the tenant's rows, which run on its worker.
     PERFORM create_distributed_function(
         'fencegate_release_blocker(fencegate_key_state, text, timestamptz, double precision, '

@@ -10,50 +10,21 @@ SELECT * FROM fencegate_step($1::text,
     $2::fencegate_decide_step[], $3::fencegate_record_step[], $4::boolean, $5::double precision);
 
 -- name: release
--- 5xx not stored, or nothing reached the upstream: the key goes, so that a retry runs again.
-WITH gone AS (
-    DELETE FROM fencegate_idempotency_keys
-    WHERE tenant = $1 AND key = $2 AND owner = $3 AND attempt = $4 AND state = 'in_flight'
-    RETURNING tenant, entity, key, fence, attempt, owner, expires_at
-), history AS (
-    INSERT INTO fencegate_decisions (
-        tenant, entity, key, fence, decision, attempt, owner, request_id, upstream_status,
-        expires_at)
-    SELECT tenant, entity, key, fence, 'released', attempt, owner, $5, $6, expires_at
-    FROM gone WHERE $7::boolean
-)
-SELECT count(*) FROM gone;
+-- 5xx not stored, or nothing reached the upstream: the key goes, so that a retry runs again
+-- (sql/postgres/functions/fencegate_release.sql).
+SELECT fencegate_release($1::text, $2::text, $3::text, $4::integer, $5::text, $6::integer,
+    $7::boolean);
 
 -- name: release_abandoned
 -- A decision the gateway gave up on (503) may still have reserved the key under the owner it
 -- named: that reservation goes, whatever its attempt (the owner is this request's alone).
-WITH gone AS (
-    DELETE FROM fencegate_idempotency_keys
-    WHERE tenant = $1 AND key = $2 AND owner = $3 AND state = 'in_flight'
-    RETURNING tenant, entity, key, fence, attempt, owner, expires_at
-), history AS (
-    INSERT INTO fencegate_decisions (
-        tenant, entity, key, fence, decision, attempt, owner, request_id, expires_at)
-    SELECT tenant, entity, key, fence, 'released', attempt, owner, $4, expires_at
-    FROM gone WHERE $5::boolean
-)
-SELECT count(*) FROM gone;
+SELECT fencegate_release($1::text, $2::text, $3::text, NULL::integer, $4::text, NULL::integer,
+    $5::boolean);
 
 -- name: mark_unknown
--- locked_until keeps the moment the outcome became unknown (shown to the caller); $7: the
--- limit that fired.
-WITH marked AS (
-    UPDATE fencegate_idempotency_keys
-    SET state = 'outcome_unknown', locked_until = now(), unknown_reason = $7
-    WHERE tenant = $1 AND key = $2 AND owner = $3 AND attempt = $4 AND state = 'in_flight'
-    RETURNING tenant, entity, key, fence, attempt, owner, expires_at
-), history AS (
-    INSERT INTO fencegate_decisions (
-        tenant, entity, key, fence, decision, attempt, owner, request_id, expires_at)
-    SELECT tenant, entity, key, fence, 'marked_unknown', attempt, owner, $5, expires_at
-    FROM marked WHERE $6::boolean
-)
-SELECT count(*) FROM marked;
+-- $7: the limit that fired (sql/postgres/functions/fencegate_mark_unknown.sql).
+SELECT fencegate_mark_unknown($1::text, $2::text, $3::text, $4::integer, $5::text, $6::boolean,
+    $7::text);
 
 -- name: renew
 -- The lease runs from when the row is written (sql/postgres/functions/fencegate_renew.sql).

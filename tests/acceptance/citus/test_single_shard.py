@@ -1,6 +1,7 @@
 """On Citus each gateway decision is one tenant's, on one shard: the gateway batches per
 tenant, and ``fencegate_step`` (a distributed function on its tenant argument) runs on the
-worker that holds the tenant's shard, as one local transaction there. Nothing commits with
+worker that holds the tenant's shard, as one local transaction there; so do a lease's
+renewal, a nonce, a release and an outcome marked unknown. Nothing commits with
 two-phase commit (the coordinator's ``pg_dist_transaction`` stays empty), and Citus's own
 EXPLAIN of a step names one task, on that worker."""
 
@@ -68,6 +69,25 @@ async def test_a_decision_is_a_single_shard_transaction_on_the_tenants_worker(
         assert all(await asyncio.gather(*(store.complete(h, answer, timeout=T) for h in holders)))
         replays = await asyncio.gather(*(store.decide(r, timeout=T) for r in requests))
         assert {d.outcome for d in replays} == {Outcome.REPLAY}
+        # The failure paths too: a reservation released (5xx), one given up (503), one
+        # whose outcome became unknown (timeout).
+        failing = [decide_request(t, 100 + n) for n in range(3) for t in TENANTS]
+        held = [
+            Reservation(r.tenant, r.key or "", r.owner, d.attempt or 1, r.request_id)
+            for r, d in zip(
+                failing,
+                await asyncio.gather(*(store.decide(r, timeout=T) for r in failing)),
+                strict=True,
+            )
+        ]
+        thirds = len(TENANTS)
+        assert all(
+            await asyncio.gather(
+                *(store.release(h, upstream_status=502, timeout=T) for h in held[:thirds]),
+                *(store.release_abandoned(h, timeout=T) for h in held[thirds : 2 * thirds]),
+                *(store.mark_unknown(h, reason="timeout", timeout=T) for h in held[2 * thirds :]),
+            )
+        )
         nonces = [
             store.remember_nonce(f"key-of-{t}", uuid.uuid4().hex, 60, tenant=t, timeout=T)
             for t in TENANTS
