@@ -58,9 +58,10 @@ class IncomingRequest:
 
 class NonceStore(Protocol):
     async def remember_nonce(
-        self, key_id: str, nonce: str, ttl_seconds: float, *, timeout: float
+        self, key_id: str, nonce: str, ttl_seconds: float, *, tenant: str, timeout: float
     ) -> bool:
-        """Record a signature nonce; False when it was already seen within its window."""
+        """Record a signature nonce; False when it was already seen within its window.
+        ``tenant``: the key's tenant, whose rows the nonce is kept with."""
         ...
 
 

@@ -114,3 +114,5 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(getattr(pytest.mark, tier))
         if root / "acceptance" / "topology" in item.path.parents:
             item.add_marker(pytest.mark.topology)
+        if root / "acceptance" / "citus" in item.path.parents:
+            item.add_marker(pytest.mark.citus)

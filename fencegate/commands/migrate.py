@@ -40,7 +40,14 @@ def run_on_store(work: Coroutine[Any, Any, T], *, store: str | None = None) -> T
         raise CommandError(f"{prefix}{type(exc).__name__}: {exc}") from exc
 
 
-add_arguments = add_database_url
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_database_url(parser)
+    parser.add_argument(
+        "--citus",
+        action="store_true",
+        help="require a Citus coordinator and distribute the gateway's tables by tenant "
+        "(done anyway where the citus extension is installed)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,7 +57,10 @@ def run(args: argparse.Namespace) -> int:
         target = parse_database_url(args.database_url)
     except ValueError as exc:
         raise CommandError(str(exc)) from None
-    applied = run_on_store(migrate(args.database_url), store=f"cannot migrate {store_name(target)}")
+    citus = True if getattr(args, "citus", False) else None
+    applied = run_on_store(
+        migrate(args.database_url, citus=citus), store=f"cannot migrate {store_name(target)}"
+    )
     if applied:
         for name in applied:
             print(f"applied {name}")

@@ -188,7 +188,11 @@ class SignatureAuthenticator:
         covered = self._verify(key, request)
         self._check_digest(covered, request.body)
         if not await nonces.remember_nonce(
-            key.key_id, nonce, self.nonce_ttl_seconds, timeout=self.store_timeout
+            key.key_id,
+            nonce,
+            self.nonce_ttl_seconds,
+            tenant=key.tenant,
+            timeout=self.store_timeout,
         ):
             raise _unauthorized(
                 "nonce-replayed",

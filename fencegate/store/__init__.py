@@ -19,7 +19,8 @@ from fencegate.store.base import (
 )
 from fencegate.store.dburl import parse_database_url
 from fencegate.store.migrations import migrate
-from fencegate.store.postgres import PostgresGatewayStore
+from fencegate.store.postgres import PER_TENANT_IN_FLIGHT, PostgresGatewayStore
+from fencegate.store.postgres import Q as POSTGRES_QUERIES
 from fencegate.store.sqlite import SQLiteGatewayStore
 
 __all__ = [
@@ -45,7 +46,13 @@ GATEWAY: Part[GatewayStore] = Part(
     sqlite=SQLiteGatewayStore,
     # The batch statement (arrays of parameters) was otherwise planned again on every call,
     # which cost more than running it; every gateway statement is by key.
-    pg_options={"generic_plans": True},
+    # On Citus: each new connection introspects the step's types before a caller needs it,
+    # and as many connections as per-tenant batches go at once are opened at start.
+    pg_options={
+        "generic_plans": True,
+        "citus_warm": (POSTGRES_QUERIES.step,),
+        "citus_warm_connections": PER_TENANT_IN_FLIGHT + 1,
+    },
 )
 
 

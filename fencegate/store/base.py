@@ -275,7 +275,7 @@ class GatewayStore(abc.ABC):
 
     @abc.abstractmethod
     async def remember_nonce(
-        self, key_id: str, nonce: str, ttl_seconds: float, *, timeout: float
+        self, key_id: str, nonce: str, ttl_seconds: float, *, tenant: str, timeout: float
     ) -> bool: ...
 
     @abc.abstractmethod

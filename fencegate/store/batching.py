@@ -4,13 +4,17 @@ together, in one statement and one commit.
 Nothing waits for a batch to fill: an idle gateway sends each call at once. Under load,
 each round trip carries everything that queued up meanwhile, so the gateway makes fewer
 round trips and commits than it answers requests.
+
+With a ``group`` (the gateway on Citus: the tenant), a batch holds the calls of one group
+only, the oldest queued call's, so that each round trip touches one shard; the batches of
+several groups may be in flight at once (``max_in_flight``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Generic, TypeVar
 
 from fencegate.errors import StoreTimedOut, unsent
@@ -54,9 +58,15 @@ class _Call(Generic[I, R]):
 
 class Batcher(Generic[I, R]):
     def __init__(
-        self, run: BatchRunner[I, R], *, max_batch: int = 64, max_in_flight: int = 2
+        self,
+        run: BatchRunner[I, R],
+        *,
+        max_batch: int = 64,
+        max_in_flight: int = 2,
+        group: Callable[[I], Hashable] | None = None,
     ) -> None:
         self._run = run
+        self._group = group
         self._max_batch = max_batch
         self._max_in_flight = max_in_flight
         self._pending: list[_Call[I, R]] = []
@@ -107,8 +117,11 @@ class Batcher(Generic[I, R]):
     def _take(self) -> list[_Call[I, R]]:
         """The next batch to send; calls whose deadline has passed fail here, unsent."""
         while self._pending:
-            batch = self._pending[: self._max_batch]
-            del self._pending[: self._max_batch]
+            if self._group is None:
+                batch = self._pending[: self._max_batch]
+                del self._pending[: self._max_batch]
+            else:
+                batch = self._take_group(self._group(self._pending[0].item))
             now = time.monotonic()
             live = []
             for call in batch:
@@ -120,6 +133,19 @@ class Batcher(Generic[I, R]):
             if live:
                 return live
         return []
+
+    def _take_group(self, group: Hashable) -> list[_Call[I, R]]:
+        """Up to ``max_batch`` queued calls of ``group``, in order; the others stay queued."""
+        assert self._group is not None
+        batch: list[_Call[I, R]] = []
+        rest: list[_Call[I, R]] = []
+        for call in self._pending:
+            if len(batch) < self._max_batch and self._group(call.item) == group:
+                batch.append(call)
+            else:
+                rest.append(call)
+        self._pending[:] = rest
+        return batch
 
     def _start(self) -> None:
         live = self._take()

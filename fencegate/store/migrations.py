@@ -12,6 +12,11 @@ then (PostgreSQL) each function whose text changed.
 
 Running `migrate` again is a no-op, and concurrent runs are serialised (an advisory lock on
 PostgreSQL, the write lock on SQLite).
+
+On a Citus coordinator (the ``citus`` extension installed, or ``citus=True``), the gateway's
+tables and functions are then distributed by tenant (``citus/distribute.sql``, idempotent,
+run every time: a function replaced since is distributed again); the lease queue stays on
+the coordinator. The same migrations run everywhere.
 """
 
 from __future__ import annotations
@@ -24,8 +29,9 @@ from typing import Literal
 
 import asyncpg
 
+from fencegate.errors import FencegateError
 from fencegate.store.dburl import parse_database_url
-from fencegate.store.pg import single_connection
+from fencegate.store.pg import CITUS_INSTALLED, single_connection
 from fencegate.store.sqlfiles import store_folder
 from fencegate.store.sqlite_db import SQLiteDatabase, write_transaction
 
@@ -47,6 +53,11 @@ MIGRATION_NAME = re.compile(r"[0-9]{3}_[a-z0-9_]+\.sql")
 BASELINE = "001_baseline.sql"
 FUNCTIONS = "functions"
 LEGACY = "legacy"
+CITUS_DISTRIBUTE = "citus/distribute.sql"
+
+
+class CitusMissing(FencegateError, ValueError):
+    """``citus=True`` on a database without the Citus extension."""
 
 
 def _sql_files(folder: Traversable) -> list[tuple[str, str]]:
@@ -117,9 +128,39 @@ def split_sqlite_statements(script: str) -> list[str]:
     return statements
 
 
-async def migrate_postgres(conn: asyncpg.Connection, *, schema: str | None = None) -> list[str]:
+async def migrate_postgres(
+    conn: asyncpg.Connection, *, schema: str | None = None, citus: bool | None = None
+) -> list[str]:
     """Apply pending migrations on ``conn``; with ``schema``, in that schema (created if
-    needed), which the stores then put on their connections' search path."""
+    needed), which the stores then put on their connections' search path. ``citus``: True
+    requires a Citus coordinator and distributes the gateway's tables, None does so where
+    the extension is installed, False never."""
+    installed = bool(await conn.fetchval(CITUS_INSTALLED))
+    if citus and not installed:
+        raise CitusMissing(
+            "--citus: this database has no Citus extension (run CREATE EXTENSION citus on "
+            "the coordinator and each worker, and add the workers, first)"
+        )
+    applied = await _migrate_postgres(conn, schema=schema)
+    if installed and citus is not False:
+        await distribute_on_citus(conn, schema=schema)
+    return applied
+
+
+async def distribute_on_citus(conn: asyncpg.Connection, *, schema: str | None = None) -> None:
+    """``citus/distribute.sql``: the gateway's tables and functions distributed by tenant."""
+    sql = store_folder("postgresql").joinpath(CITUS_DISTRIBUTE).read_text(encoding="utf-8")
+    async with conn.transaction():
+        if schema is not None:
+            await conn.execute(f'SET LOCAL search_path TO "{schema}"')
+        await conn.execute("SELECT pg_advisory_xact_lock($1)", _ADVISORY_LOCK_ID)
+        # Distributing functions after tables in one transaction needs one connection per
+        # node throughout.
+        await conn.execute("SET LOCAL citus.multi_shard_modify_mode TO 'sequential'")
+        await conn.execute(sql)
+
+
+async def _migrate_postgres(conn: asyncpg.Connection, *, schema: str | None) -> list[str]:
     applied: list[str] = []
     async with conn.transaction():
         if schema is not None:
@@ -191,14 +232,19 @@ def migrate_sqlite_sync(conn: sqlite3.Connection) -> list[str]:
     return applied
 
 
-async def migrate(database_url: str | None, *, timeout: float = 60.0) -> list[str]:
-    """Apply pending migrations to the store a URL names; returns the names applied."""
+async def migrate(
+    database_url: str | None, *, timeout: float = 60.0, citus: bool | None = None
+) -> list[str]:
+    """Apply pending migrations to the store a URL names; returns the names applied.
+    ``citus``: see `migrate_postgres` (True on SQLite is an error)."""
     target = parse_database_url(database_url)
     if target.kind == "postgresql":
         # One connection outside any pool, as the connection layer opens it for a command:
         # `timeout` bounds the connect and the close, not the migrations themselves.
         async with single_connection(target, timeout=timeout) as conn:
-            return await migrate_postgres(conn, schema=target.schema)
+            return await migrate_postgres(conn, schema=target.schema, citus=citus)
+    if citus:
+        raise CitusMissing("--citus: Citus distributes PostgreSQL, not a SQLite store")
     assert target.sqlite_path is not None
     db = SQLiteDatabase(target.sqlite_path)
     try:

@@ -46,6 +46,9 @@ def unavailable(
     return StoreUnavailable(f"{type(exc).__name__}: {exc}")
 
 
+# Whether the database has the Citus extension (a Citus coordinator's, or a worker's).
+CITUS_INSTALLED = "SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')"
+
 _POOLER_HINT = (
     "prepared statements do not survive a transaction-pooling connection pooler "
     f"(PgBouncer pool_mode = transaction): add ?{POOL_MODE_OPTION}=transaction to the database URL"
@@ -167,6 +170,19 @@ async def check_client(conn: asyncpg.Connection) -> None:
         await conn.execute("SET client_connection_check_interval = '100ms'")
 
 
+async def _warm(pool: asyncpg.Pool, count: int, timeout: float) -> None:
+    """``count`` connections opened (and set up) at once and given back to the pool, so
+    that callers find them ready; one that fails or is late is left to the first caller."""
+    tasks = [asyncio.ensure_future(pool.acquire()) for _ in range(count)]
+    done, pending = await asyncio.wait(tasks, timeout=timeout)
+    for task in pending:
+        task.cancel()
+    for task in done:
+        if not task.cancelled() and task.exception() is None:
+            with contextlib.suppress(Exception):
+                await pool.release(task.result())
+
+
 def _closed(conn: Any) -> bool:
     """Whether a pooled connection is closed; the pool takes back one that closes while
     held, and its proxy then refuses every call."""
@@ -203,6 +219,9 @@ class PgDatabase:
         # What the last new connection found about replication (None: not checked).
         self.replication = replication
         self.closed = False
+        # Whether the database is a Citus coordinator's (the extension is installed): the
+        # gateway store then batches per tenant (fencegate/store/postgres.py).
+        self.citus = False
         # The connection `run_held` keeps between its calls (None: none taken yet), and
         # whether a call is running on it (closing then leaves it to that call).
         self._held: Any = None
@@ -221,6 +240,8 @@ class PgDatabase:
         init: Callable[[asyncpg.Connection], Coroutine[Any, Any, None]] | None = None,
         max_inactive_connection_lifetime: float = 300.0,
         generic_plans: bool = False,
+        citus_warm: Sequence[str] = (),
+        citus_warm_connections: int = 0,
         index_scans: bool = False,
         require_synchronous_replication: bool = False,
     ) -> PgDatabase:
@@ -246,8 +267,22 @@ class PgDatabase:
         startup, local = _split_settings(settings, transaction_pooling=target.transaction_pooling)
         guard = ReplicationGuard(target.where, require=require_synchronous_replication)
 
+        found = {"citus": False}
+
         async def setup(conn: asyncpg.Connection) -> None:
             async with _pinned(conn, pinned=target.transaction_pooling):
+                if await conn.fetchval(CITUS_INSTALLED):
+                    found["citus"] = True
+                    if generic_plans and not target.transaction_pooling:
+                        # Citus plans most distributed statements only with their values,
+                        # and its fast-path router planner crashes the backend on a
+                        # forced generic plan of an upsert (docs/operations/citus.md).
+                        await conn.execute("SET plan_cache_mode = auto")
+                    for sql in citus_warm:
+                        # A new backend on a Citus coordinator loads Citus's metadata and
+                        # asyncpg introspects the statement's composite types: a third of a
+                        # second, paid here rather than by a caller's deadline.
+                        await conn.prepare(sql)
                 if init is not None:
                     await init(conn)
                 if not target.transaction_pooling:
@@ -278,9 +313,14 @@ class PgDatabase:
             # Said plainly: the first thing a misconfigured URL produces is this message.
             raise StoreUnavailable(f"PostgreSQL did not answer: {fault}") from exc
         assert pool is not None
-        return cls(
+        warm = min(citus_warm_connections, max_size)
+        if found["citus"] and warm > min_size:
+            await _warm(pool, warm, timeout)
+        db = cls(
             pool, target=target, server_settings=startup, local_settings=local, replication=guard
         )
+        db.citus = found["citus"]
+        return db
 
     async def listen(
         self,

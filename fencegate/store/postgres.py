@@ -31,7 +31,7 @@ from fencegate.store.base import (
     StoredResponse,
 )
 from fencegate.store.batching import Batcher
-from fencegate.store.pg import PgDatabase, affected
+from fencegate.store.pg import PgDatabase
 from fencegate.store.queries import Queries
 from fencegate.store.release_rule import DEFAULT_RELEASE_MARGIN
 
@@ -127,6 +127,22 @@ def step_arguments(
     )
 
 
+# Batches of different tenants in flight at once on Citus (each holds a pooled connection).
+PER_TENANT_IN_FLIGHT = 8
+
+
+def step_tenant(item: _Step) -> str:
+    """The tenant a decision or an answer to record is for."""
+    return item.tenant if isinstance(item, DecideRequest) else item[0].tenant
+
+
+def batch_tenant(items: Sequence[_Step]) -> str | None:
+    """The one tenant of a batch, or None when it mixes tenants (the step's first argument:
+    on Citus, the distribution argument that sends the call to the tenant's worker)."""
+    tenants = {step_tenant(item) for item in items}
+    return tenants.pop() if len(tenants) == 1 else None
+
+
 def server_budget_ms(remaining: float) -> float:
     """The part of a caller's remaining time the server may use, in milliseconds: it stops a
     little before the caller does (as the SQLite store's thread does)."""
@@ -143,7 +159,15 @@ class PostgresGatewayStore(GatewayStore):
         # One round trip at a time: what arrives meanwhile waits for it and goes in the next,
         # so each commit (and its WAL flush) carries more requests. A second concurrent round
         # trip would mostly wait for the same flush, and costs its own commit.
-        self._steps: Batcher[_Step, Decision | bool] = Batcher(self._step, max_in_flight=1)
+        # On Citus each batch is one tenant's, so that the step runs on the worker holding
+        # the tenant's shard as one local transaction (no two-phase commit): the batches of
+        # several tenants go at once, each on a connection of the pool.
+        self.per_tenant = db.citus
+        self._steps: Batcher[_Step, Decision | bool] = (
+            Batcher(self._step, max_in_flight=PER_TENANT_IN_FLIGHT, group=step_tenant)
+            if self.per_tenant
+            else Batcher(self._step, max_in_flight=1)
+        )
 
     async def decide(self, request: DecideRequest, *, timeout: float) -> Decision:
         result = await self._steps.submit(request, timeout=timeout)
@@ -165,16 +189,21 @@ class PostgresGatewayStore(GatewayStore):
         """One round trip for every decision and recorded answer that queued up."""
         decides, records = split_steps(items)
         args = step_arguments(decides, records, history=self.history)
+        tenant = batch_tenant(items)
         deadline = time.monotonic() + timeout
 
         def fetch(conn: asyncpg.Connection) -> Any:
             # Measured once a connection is in hand: the server gets what is left of the
             # caller's time, less a margin for the answer's way back, and rolls the step back
             # rather than commit after the caller gave up.
-            return conn.fetch(Q.step, *args, server_budget_ms(deadline - time.monotonic()))
+            budget = server_budget_ms(deadline - time.monotonic())
+            return conn.fetch(Q.step, tenant, *args, budget)
 
-        # Steps run one at a time (see `__init__`), so on a connection kept between them.
-        rows = await self._db.run_held(fetch, timeout=timeout)
+        if self.per_tenant:
+            rows = await self._db.run(fetch, timeout=timeout)
+        else:
+            # Steps run one at a time (see `__init__`), so on a connection kept between them.
+            rows = await self._db.run_held(fetch, timeout=timeout)
         decisions: dict[int, Decision] = {}
         recorded: dict[int, bool] = {}
         for row in rows:
@@ -224,8 +253,8 @@ class PostgresGatewayStore(GatewayStore):
     ) -> bool:
         r = reservation
         args = (r.tenant, r.key, r.owner, r.attempt, float(lease_seconds))
-        status = await self._db.run(lambda conn: conn.execute(Q.renew, *args), timeout=timeout)
-        return affected(status)
+        renewed = await self._db.run(lambda conn: conn.fetchval(Q.renew, *args), timeout=timeout)
+        return bool(renewed)
 
     async def record_decisions(self, rows: list[DeferredDecision], *, timeout: float) -> None:
         args = (
@@ -244,13 +273,13 @@ class PostgresGatewayStore(GatewayStore):
         await self._db.run(lambda conn: conn.execute(Q.record_decisions, *args), timeout=timeout)
 
     async def remember_nonce(
-        self, key_id: str, nonce: str, ttl_seconds: float, *, timeout: float
+        self, key_id: str, nonce: str, ttl_seconds: float, *, tenant: str, timeout: float
     ) -> bool:
-        row = await self._db.run(
-            lambda conn: conn.fetchrow(Q.remember_nonce, key_id, nonce, float(ttl_seconds)),
-            timeout=timeout,
+        args = (tenant, key_id, nonce, float(ttl_seconds))
+        fresh = await self._db.run(
+            lambda conn: conn.fetchval(Q.remember_nonce, *args), timeout=timeout
         )
-        return row is not None
+        return bool(fresh)
 
     async def get_key(
         self, tenant: str, key: str, *, margin: float = DEFAULT_RELEASE_MARGIN, timeout: float

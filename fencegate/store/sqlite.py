@@ -438,8 +438,12 @@ class SQLiteGatewayStore(GatewayStore):
         await self._db.run(run, timeout=timeout, write=True)
 
     async def remember_nonce(
-        self, key_id: str, nonce: str, ttl_seconds: float, *, timeout: float
+        self, key_id: str, nonce: str, ttl_seconds: float, *, tenant: str, timeout: float
     ) -> bool:
+        # One file holds every tenant: the tenant places a nonce only on a distributed
+        # PostgreSQL (a key id belongs to one tenant, so it changes nothing else).
+        del tenant
+
         def run(conn: sqlite3.Connection) -> bool:
             cur = conn.execute(Q.remember_nonce, (key_id, nonce, float(ttl_seconds)))
             return cur.rowcount > 0

@@ -22,7 +22,7 @@ from fencegate.store import (
 from fencegate.store.inspect import Inspector
 from fencegate.store.pg import PgDatabase
 from fencegate.store.postgres import Q as PG_QUERIES
-from fencegate.store.postgres import split_steps, step_arguments
+from fencegate.store.postgres import batch_tenant, split_steps, step_arguments
 from tests.support.waits import wait_until
 
 T = 30.0  # generous: the machine is shared
@@ -194,23 +194,23 @@ async def test_purge_removes_idle_fences_and_expired_nonces(
 ) -> None:
     for entity in ("a", "b", "c"):
         await store.decide(replace(BASE, key=None, entity=entity, fence=3), timeout=T)
-    assert await store.remember_nonce("key-1", "n-old", 0.2, timeout=T)
-    assert await store.remember_nonce("key-1", "n-new", 3600, timeout=T)
+    assert await store.remember_nonce("key-1", "n-old", 0.2, tenant="t", timeout=T)
+    assert await store.remember_nonce("key-1", "n-new", 3600, tenant="t", timeout=T)
     await wait_for_database_clock(store_url, 0.3)  # the fences' idle time below
     counts = await store.purge(fence_ttl_seconds=0.3, batch_size=2, timeout=T)
     assert (counts.keys, counts.fences, counts.nonces) == (0, 3, 1)
     # A purged fence no longer holds anything back.
     low = await store.decide(replace(BASE, key=None, entity="a", fence=1), timeout=T)
     assert low.outcome is Outcome.FENCE_ONLY
-    assert not await store.remember_nonce("key-1", "n-new", 3600, timeout=T)
+    assert not await store.remember_nonce("key-1", "n-new", 3600, tenant="t", timeout=T)
 
 
 async def test_nonce_is_remembered_until_it_expires(store: GatewayStore, store_url: str) -> None:
-    assert await store.remember_nonce("key-1", "abc", 0.2, timeout=T)
-    assert not await store.remember_nonce("key-1", "abc", 0.2, timeout=T)
-    assert await store.remember_nonce("key-2", "abc", 0.2, timeout=T)
+    assert await store.remember_nonce("key-1", "abc", 0.2, tenant="t", timeout=T)
+    assert not await store.remember_nonce("key-1", "abc", 0.2, tenant="t", timeout=T)
+    assert await store.remember_nonce("key-2", "abc", 0.2, tenant="t", timeout=T)
     await wait_for_database_clock(store_url, 0.2)
-    assert await store.remember_nonce("key-1", "abc", 60, timeout=T)
+    assert await store.remember_nonce("key-1", "abc", 60, tenant="t", timeout=T)
 
 
 async def test_ping(store: GatewayStore) -> None:
@@ -368,7 +368,7 @@ async def commit_mode_after_step(
     try:
         async with conn.transaction():
             args = step_arguments(*split_steps(items), history=True)
-            await conn.fetch(PG_QUERIES.step, *args, None)  # no deadline
+            await conn.fetch(PG_QUERIES.step, batch_tenant(items), *args, None)  # no deadline
             mode = await conn.fetchval("SELECT current_setting('synchronous_commit')")
     finally:
         await conn.close()
@@ -449,7 +449,7 @@ async def test_a_step_past_its_deadline_rolls_back_instead_of_committing(pg_url:
     try:
         args = step_arguments(*split_steps([BASE]), history=True)
         with pytest.raises(asyncpg.QueryCanceledError, match="deadline passed"):
-            await conn.fetch(PG_QUERIES.step, *args, 0.001)  # a microsecond to spend
+            await conn.fetch(PG_QUERIES.step, BASE.tenant, *args, 0.001)  # a microsecond to spend
         assert await conn.fetchval("SELECT count(*) FROM fencegate_idempotency_keys") == 0
     finally:
         await conn.close()
@@ -598,7 +598,7 @@ async def test_postgres_steps_survive_their_connection_closing_while_idle(pg_url
         killer = await asyncpg.connect(pg_url)
         try:
             for row in pids:
-                await killer.execute("SELECT pg_terminate_backend($1)", row["pid"])
+                await killer.execute("SELECT pg_terminate_backend($1::integer)", row["pid"])
         finally:
             await killer.close()
 

@@ -262,8 +262,12 @@ async def test_skew_window_is_configurable(store: GatewayStore) -> None:
 async def test_the_nonce_is_remembered_for_the_whole_window(store: GatewayStore) -> None:
     auth = authenticator(skew_past=60, skew_future=5)
     assert auth.nonce_ttl_seconds >= 65
-    assert await store.remember_nonce("acme-1", "n-1", auth.nonce_ttl_seconds, timeout=10)
-    assert not await store.remember_nonce("acme-1", "n-1", auth.nonce_ttl_seconds, timeout=10)
+    assert await store.remember_nonce(
+        "acme-1", "n-1", auth.nonce_ttl_seconds, tenant="acme", timeout=10
+    )
+    assert not await store.remember_nonce(
+        "acme-1", "n-1", auth.nonce_ttl_seconds, tenant="acme", timeout=10
+    )
 
 
 def test_secrets_stay_out_of_reprs() -> None:

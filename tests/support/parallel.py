@@ -7,7 +7,7 @@ addopts), see docs/reference/testing.md:
 - which tests must share a worker: those of a module that has a module- or class-scoped fixture
   (a gateway process, an installed virtualenv: started once per worker that runs one of its
   tests), and the topology tier, whose clusters would otherwise fail over on one another's
-  CPU;
+  CPU; and the Citus tier, whose tests share one cluster and one database;
 - which tests start first: the long ones, so that none of them is left to run alone at the end.
 
 The groups reach xdist's scheduler through the run's folder, not through xdist's own
@@ -33,6 +33,7 @@ WORKERS_PER_CORE = 2
 # Tests that take a minute or more (or a group of them), started before the rest.
 STARTED_FIRST = (
     "acceptance/topology/",
+    "acceptance/citus/",
     "acceptance/test_protocol_model.py",
     "acceptance/test_examples_installed.py",
     "integration/test_protocol_conformance.py",
@@ -59,6 +60,8 @@ def _group(item: pytest.Item) -> str | None:
     relative = item.path.relative_to(TESTS).as_posix()
     if relative.startswith("acceptance/topology/"):
         return "topology"
+    if relative.startswith("acceptance/citus/"):
+        return "citus"  # one cluster, shared by the tier's tests
     info = getattr(item, "_fixtureinfo", None)
     if info is None:
         return None

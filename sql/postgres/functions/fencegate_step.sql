@@ -3,7 +3,15 @@
 -- This file is the step's only home: `fencegate migrate` applies it again whenever its text
 -- changes (a repeatable migration). SQLite's twin is fencegate/store/sqlite.py, held to it by
 -- tests/integration/test_gateway_differential.py.
-CREATE OR REPLACE FUNCTION fencegate_step(p_decides fencegate_decide_step[], p_records fencegate_record_step[], p_history boolean, p_budget_ms double precision DEFAULT NULL::double precision) RETURNS TABLE(d_index integer, d_outcome text, d_last_accepted bigint, d_attempt integer, d_reserved_age double precision, d_key_state text, d_since timestamp with time zone, d_response_status integer, d_response_headers text, d_response_body bytea, d_response_sha256 text, d_body_too_large boolean, d_reconcile_after timestamp with time zone)
+--
+-- p_tenant: the one tenant every step of the batch is for, or NULL for a batch that mixes
+-- tenants. On Citus (docs/operations/citus.md) the step is a distributed function on this
+-- argument, colocated with the tenant's tables: Citus runs the whole call on the worker that
+-- holds the tenant's shard, as one local transaction. Citus plans no volatile function in an
+-- UPDATE of a distributed table, nor a non-immutable one in an upsert's DO UPDATE: the
+-- database clock is read into v_now (the transaction's start, as now()) and v_clock (the
+-- moment a lease starts, read after the row it is written on is locked or inserted).
+CREATE OR REPLACE FUNCTION fencegate_step(p_tenant text, p_decides fencegate_decide_step[], p_records fencegate_record_step[], p_history boolean, p_budget_ms double precision DEFAULT NULL::double precision) RETURNS TABLE(d_index integer, d_outcome text, d_last_accepted bigint, d_attempt integer, d_reserved_age double precision, d_key_state text, d_since timestamp with time zone, d_response_status integer, d_response_headers text, d_response_body bytea, d_response_sha256 text, d_body_too_large boolean, d_reconcile_after timestamp with time zone)
     LANGUAGE plpgsql
     AS $$
 DECLARE
@@ -26,7 +34,16 @@ DECLARE
     v_row_history fencegate_decisions%ROWTYPE;
     v_history fencegate_decisions[] := '{}';
     v_changed boolean := false;
+    v_now timestamptz := now();
+    v_clock timestamptz;
 BEGIN
+    IF p_tenant IS NOT NULL AND (
+        EXISTS (SELECT 1 FROM unnest(p_decides) AS d WHERE d.tenant IS DISTINCT FROM p_tenant)
+        OR EXISTS (SELECT 1 FROM unnest(p_records) AS c WHERE c.tenant IS DISTINCT FROM p_tenant))
+    THEN
+        RAISE EXCEPTION 'fencegate_step: a step of this batch is not for tenant %', p_tenant
+            USING ERRCODE = '22023';
+    END IF;
     IF p_budget_ms IS NOT NULL THEN
         v_deadline := statement_timestamp() + make_interval(secs => p_budget_ms / 1000.0);
         -- For this transaction only: a lock held elsewhere fails the step in time.
@@ -41,16 +58,16 @@ BEGIN
         v_d := p_decides[i];
         -- The entity usually has a row already: a plain UPDATE is the cheapest way to raise
         -- it (it waits for a concurrent writer of the row, then checks the newest version).
-        UPDATE fencegate_fences f SET last_accepted = v_d.fence, updated_at = now()
+        UPDATE fencegate_fences f SET last_accepted = v_d.fence, updated_at = v_now
         WHERE f.tenant = v_d.tenant AND f.entity = v_d.entity
             AND f.last_accepted <= v_d.fence;
         IF NOT FOUND THEN
             -- A new entity, or a stale fence: the upsert decides atomically, and leaves the
             -- row locked either way.
             INSERT INTO fencegate_fences AS f (tenant, entity, last_accepted, updated_at)
-            VALUES (v_d.tenant, v_d.entity, v_d.fence, now())
+            VALUES (v_d.tenant, v_d.entity, v_d.fence, v_now)
             ON CONFLICT (tenant, entity) DO UPDATE
-                SET last_accepted = EXCLUDED.last_accepted, updated_at = now()
+                SET last_accepted = EXCLUDED.last_accepted, updated_at = EXCLUDED.updated_at
                 WHERE f.last_accepted <= EXCLUDED.last_accepted;
             IF NOT FOUND THEN
                 v_stale[i] := true;
@@ -103,7 +120,7 @@ BEGIN
                 SET state = 'completed', response_status = v_c.status,
                     response_headers = v_c.headers::jsonb, response_body = v_c.body,
                     response_sha256 = v_c.sha256, body_too_large = v_c.too_large,
-                    completed_at = now(), locked_until = NULL, reconcile_after = NULL
+                    completed_at = v_now, locked_until = NULL, reconcile_after = NULL
                 WHERE k.tenant = v_c.tenant AND k.key = v_c.key AND k.owner = v_c.owner
                     AND k.attempt = v_c.attempt AND k.state IN ('in_flight', 'outcome_unknown')
                 RETURNING k.entity, k.fence, k.expires_at INTO d_entity, d_fence, d_expires_at;
@@ -114,7 +131,7 @@ BEGIN
 
             d_index := i;
             d_last_accepted := v_last[i];
-            d_expires_at := now() + make_interval(secs => v_d.ttl_seconds);
+            d_expires_at := v_now + make_interval(secs => v_d.ttl_seconds);
             IF v_stale[i] THEN
                 d_outcome := 'stale';
                 EXIT one_step;
@@ -126,17 +143,18 @@ BEGIN
 
             -- Step 4 (its fence, if any, accepted above). Most keys are new: try to reserve
             -- first.
+            v_clock := clock_timestamp();
             INSERT INTO fencegate_idempotency_keys AS k (
                 tenant, key, fingerprint, state, owner, locked_until, attempt, entity, fence,
                 created_at, reserved_at, expires_at, method, target, request_body,
                 reconcile_after)
             VALUES (
                 v_d.tenant, v_d.key, v_d.fingerprint, 'in_flight', v_d.owner,
-                clock_timestamp() + make_interval(secs => v_d.lease_seconds), 1, v_d.entity,
-                v_d.fence, now(), clock_timestamp(),
-                now() + make_interval(secs => v_d.ttl_seconds), v_d.method, v_d.target,
+                v_clock + make_interval(secs => v_d.lease_seconds), 1, v_d.entity,
+                v_d.fence, v_now, v_clock,
+                v_now + make_interval(secs => v_d.ttl_seconds), v_d.method, v_d.target,
                 CASE WHEN v_d.reconcile THEN v_d.request_body END,
-                CASE WHEN v_d.reconcile THEN now() END)
+                CASE WHEN v_d.reconcile THEN v_now END)
             ON CONFLICT (tenant, key) DO NOTHING;
             IF FOUND THEN
                 d_outcome := 'reserved';
@@ -149,26 +167,27 @@ BEGIN
             SELECT * INTO v_row FROM fencegate_idempotency_keys k
             WHERE k.tenant = v_d.tenant AND k.key = v_d.key;
             v_found := FOUND;
-            IF NOT (v_found AND v_row.expires_at > now()
+            IF NOT (v_found AND v_row.expires_at > v_now
                     AND (v_row.fingerprint <> v_d.fingerprint OR v_row.state = 'completed'
-                         OR (v_row.state = 'in_flight' AND v_row.locked_until > now())
+                         OR (v_row.state = 'in_flight' AND v_row.locked_until > v_now)
                          OR NOT v_d.retry_unknown)) THEN
                 -- The row has to change (or is gone): lock it. A concurrent release can delete
                 -- it between the insert and the lock: try again.
                 v_found := false;
                 v_inserted := false;
                 FOR attempt IN 1..5 LOOP
+                    v_clock := clock_timestamp();
                     INSERT INTO fencegate_idempotency_keys AS k (
                         tenant, key, fingerprint, state, owner, locked_until, attempt, entity,
                         fence, created_at, reserved_at, expires_at, method, target,
                         request_body, reconcile_after)
                     VALUES (
                         v_d.tenant, v_d.key, v_d.fingerprint, 'in_flight', v_d.owner,
-                        clock_timestamp() + make_interval(secs => v_d.lease_seconds), 1,
-                        v_d.entity, v_d.fence, now(), clock_timestamp(),
-                        now() + make_interval(secs => v_d.ttl_seconds), v_d.method,
+                        v_clock + make_interval(secs => v_d.lease_seconds), 1,
+                        v_d.entity, v_d.fence, v_now, v_clock,
+                        v_now + make_interval(secs => v_d.ttl_seconds), v_d.method,
                         v_d.target, CASE WHEN v_d.reconcile THEN v_d.request_body END,
-                        CASE WHEN v_d.reconcile THEN now() END)
+                        CASE WHEN v_d.reconcile THEN v_now END)
                     ON CONFLICT (tenant, key) DO NOTHING;
                     IF FOUND THEN
                         v_inserted := true;
@@ -191,19 +210,21 @@ BEGIN
                     RAISE EXCEPTION 'idempotency key % kept changing under concurrent updates',
                         v_d.key USING ERRCODE = '40001';
                 END IF;
-                IF v_row.expires_at <= now() THEN
-                    -- Expired but not yet purged: the key is free again.
+                IF v_row.expires_at <= v_now THEN
+                    -- Expired but not yet purged: the key is free again (its row locked
+                    -- above: the lease starts now).
+                    v_clock := clock_timestamp();
                     UPDATE fencegate_idempotency_keys k
                     SET fingerprint = v_d.fingerprint, state = 'in_flight', owner = v_d.owner,
-                        locked_until = clock_timestamp() + make_interval(secs => v_d.lease_seconds),
+                        locked_until = v_clock + make_interval(secs => v_d.lease_seconds),
                         attempt = 1, entity = v_d.entity, fence = v_d.fence,
                         response_status = NULL, response_headers = NULL, response_body = NULL,
-                        response_sha256 = NULL, body_too_large = false, created_at = now(),
-                        reserved_at = clock_timestamp(), completed_at = NULL,
-                        expires_at = now() + make_interval(secs => v_d.ttl_seconds),
+                        response_sha256 = NULL, body_too_large = false, created_at = v_now,
+                        reserved_at = v_clock, completed_at = NULL,
+                        expires_at = v_now + make_interval(secs => v_d.ttl_seconds),
                         method = v_d.method, target = v_d.target,
                         request_body = CASE WHEN v_d.reconcile THEN v_d.request_body END,
-                        reconcile_after = CASE WHEN v_d.reconcile THEN now() END,
+                        reconcile_after = CASE WHEN v_d.reconcile THEN v_now END,
                         unknown_reason = NULL, resolution = NULL, reconcile_tries = 0,
                         reconcile_note = NULL
                     WHERE k.tenant = v_d.tenant AND k.key = v_d.key;
@@ -224,7 +245,7 @@ BEGIN
                 d_response_body := v_row.response_body;
                 d_response_sha256 := v_row.response_sha256;
                 d_body_too_large := v_row.body_too_large;
-            ELSIF v_row.state = 'in_flight' AND v_row.locked_until > now() THEN
+            ELSIF v_row.state = 'in_flight' AND v_row.locked_until > v_now THEN
                 d_outcome := 'in_flight';
                 d_reserved_age := greatest(extract(
                     epoch FROM clock_timestamp() - coalesce(v_row.reserved_at, v_row.created_at)
@@ -237,7 +258,7 @@ BEGIN
                 IF v_row.state = 'in_flight' AND EXISTS (
                     SELECT 1 FROM fencegate_gateways g
                     WHERE g.instance = split_part(v_row.owner, '/', 1)
-                        AND g.alive_until > now()) THEN
+                        AND g.alive_until > v_now) THEN
                     d_outcome := 'pending';
                 ELSE
                     d_outcome := 'unknown';
@@ -246,12 +267,14 @@ BEGIN
                 d_since := v_row.locked_until;
                 d_reconcile_after := v_row.reconcile_after;
             ELSE
+                -- Its row is locked (above): the new lease starts now.
+                v_clock := clock_timestamp();
                 UPDATE fencegate_idempotency_keys k
                 SET state = 'in_flight', owner = v_d.owner,
-                    locked_until = clock_timestamp() + make_interval(secs => v_d.lease_seconds),
-                    reserved_at = clock_timestamp(),
+                    locked_until = v_clock + make_interval(secs => v_d.lease_seconds),
+                    reserved_at = v_clock,
                     attempt = k.attempt + 1, entity = v_d.entity, fence = v_d.fence,
-                    reconcile_after = CASE WHEN v_d.reconcile THEN now() END,
+                    reconcile_after = CASE WHEN v_d.reconcile THEN v_now END,
                     unknown_reason = NULL
                 WHERE k.tenant = v_d.tenant AND k.key = v_d.key
                 RETURNING k.attempt INTO d_attempt;

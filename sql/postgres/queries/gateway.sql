@@ -1,65 +1,34 @@
 -- The gateway store's statements on PostgreSQL (fencegate/store/postgres.py runs them by name).
 
 -- name: step
--- One round trip of a gateway: the decisions ($1) and recorded answers ($2) that queued up,
--- in one transaction, which also writes their rows in the decision history when $3 says it
--- is kept; $4: the caller's remaining milliseconds (the step rolls back rather than commit
--- after the caller gave up).
-SELECT * FROM fencegate_step(
-    $1::fencegate_decide_step[], $2::fencegate_record_step[], $3::boolean, $4::double precision);
+-- One round trip of a gateway: the decisions ($2) and recorded answers ($3) that queued up,
+-- in one transaction, which also writes their rows in the decision history when $4 says it
+-- is kept; $5: the caller's remaining milliseconds (the step rolls back rather than commit
+-- after the caller gave up). $1: the batch's one tenant (NULL: it mixes tenants), by which
+-- Citus sends the call to the worker holding that tenant's shard.
+SELECT * FROM fencegate_step($1::text,
+    $2::fencegate_decide_step[], $3::fencegate_record_step[], $4::boolean, $5::double precision);
 
 -- name: release
--- 5xx not stored, or nothing reached the upstream: the key goes, so that a retry runs again.
-WITH gone AS (
-    DELETE FROM fencegate_idempotency_keys
-    WHERE tenant = $1 AND key = $2 AND owner = $3 AND attempt = $4 AND state = 'in_flight'
-    RETURNING tenant, entity, key, fence, attempt, owner, expires_at
-), history AS (
-    INSERT INTO fencegate_decisions (
-        tenant, entity, key, fence, decision, attempt, owner, request_id, upstream_status,
-        expires_at)
-    SELECT tenant, entity, key, fence, 'released', attempt, owner, $5, $6, expires_at
-    FROM gone WHERE $7::boolean
-)
-SELECT count(*) FROM gone;
+-- 5xx not stored, or nothing reached the upstream: the key goes, so that a retry runs again
+-- (sql/postgres/functions/fencegate_release.sql).
+SELECT fencegate_release($1::text, $2::text, $3::text, $4::integer, $5::text, $6::integer,
+    $7::boolean);
 
 -- name: release_abandoned
 -- A decision the gateway gave up on (503) may still have reserved the key under the owner it
 -- named: that reservation goes, whatever its attempt (the owner is this request's alone).
-WITH gone AS (
-    DELETE FROM fencegate_idempotency_keys
-    WHERE tenant = $1 AND key = $2 AND owner = $3 AND state = 'in_flight'
-    RETURNING tenant, entity, key, fence, attempt, owner, expires_at
-), history AS (
-    INSERT INTO fencegate_decisions (
-        tenant, entity, key, fence, decision, attempt, owner, request_id, expires_at)
-    SELECT tenant, entity, key, fence, 'released', attempt, owner, $4, expires_at
-    FROM gone WHERE $5::boolean
-)
-SELECT count(*) FROM gone;
+SELECT fencegate_release($1::text, $2::text, $3::text, NULL::integer, $4::text, NULL::integer,
+    $5::boolean);
 
 -- name: mark_unknown
--- locked_until keeps the moment the outcome became unknown (shown to the caller); $7: the
--- limit that fired.
-WITH marked AS (
-    UPDATE fencegate_idempotency_keys
-    SET state = 'outcome_unknown', locked_until = now(), unknown_reason = $7
-    WHERE tenant = $1 AND key = $2 AND owner = $3 AND attempt = $4 AND state = 'in_flight'
-    RETURNING tenant, entity, key, fence, attempt, owner, expires_at
-), history AS (
-    INSERT INTO fencegate_decisions (
-        tenant, entity, key, fence, decision, attempt, owner, request_id, expires_at)
-    SELECT tenant, entity, key, fence, 'marked_unknown', attempt, owner, $5, expires_at
-    FROM marked WHERE $6::boolean
-)
-SELECT count(*) FROM marked;
+-- $7: the limit that fired (sql/postgres/functions/fencegate_mark_unknown.sql).
+SELECT fencegate_mark_unknown($1::text, $2::text, $3::text, $4::integer, $5::text, $6::boolean,
+    $7::text);
 
 -- name: renew
--- The lease runs from when the row is written, not from when the statement began (it may
--- have waited for the row).
-UPDATE fencegate_idempotency_keys SET locked_until = clock_timestamp() + make_interval(secs => $5)
-WHERE tenant = $1 AND key = $2 AND owner = $3 AND attempt = $4 AND state = 'in_flight'
-  AND locked_until > clock_timestamp();
+-- The lease runs from when the row is written (sql/postgres/functions/fencegate_renew.sql).
+SELECT fencegate_renew($1::text, $2::text, $3::text, $4::integer, $5::double precision);
 
 -- name: record_decisions
 -- History rows of decisions the gateway answered from its copy of a completed answer (no
@@ -75,12 +44,9 @@ FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::integer[], $6::t
     AS d(tenant, entity, key, decision, attempt, owner, request_id, method, target, age, ttl);
 
 -- name: remember_nonce
--- A nonce row that has expired may be reused; an unexpired one is a replayed signature.
-INSERT INTO fencegate_signature_nonces AS n (key_id, nonce, expires_at)
-VALUES ($1, $2, now() + make_interval(secs => $3))
-ON CONFLICT (key_id, nonce) DO UPDATE SET expires_at = EXCLUDED.expires_at
-    WHERE n.expires_at <= now()
-RETURNING 1;
+-- A nonce row that has expired may be reused; an unexpired one is a replayed signature
+-- (sql/postgres/functions/fencegate_remember_nonce.sql).
+SELECT fencegate_remember_nonce($1::text, $2::text, $3::text, $4::double precision);
 
 -- template: key_read
 -- One key as an operator sees it; unknown = marked so, or in flight with an expired lease.
@@ -101,8 +67,8 @@ SELECT k.tenant, k.key, k.state::text AS state, k.owner, k.attempt, k.entity, k.
     k.reconcile_tries, k.reconcile_note,
     extract(epoch FROM g.heartbeat_at)::float8 AS gateway_heartbeat_at,
     extract(epoch FROM g.alive_until)::float8 AS gateway_alive_until,
-    fencegate_release_blocker(k.state::text, k.owner, k.locked_until, $3::float8)
-        AS release_blocker,
+    fencegate_release_blocker(k.state, k.owner, k.locked_until, $3::float8,
+        g.alive_until, now()) AS release_blocker,
     $3::float8 AS release_margin
 FROM fencegate_idempotency_keys k
 LEFT JOIN fencegate_gateways g ON g.instance = split_part(k.owner, '/', 1)
@@ -126,7 +92,9 @@ WITH resolved AS (
         response_sha256 = $9, body_too_large = false, completed_at = now(), locked_until = NULL,
         resolution = CASE WHEN $5::boolean THEN 'forced' ELSE 'operator' END
     WHERE tenant = $1 AND key = $2 AND state IN ('in_flight', 'outcome_unknown')
-        AND ($5::boolean OR fencegate_release_blocker(state::text, owner, locked_until, $4) IS NULL)
+        AND ($5::boolean OR fencegate_release_blocker(state, owner, locked_until, $4,
+            (SELECT g.alive_until FROM fencegate_gateways g
+             WHERE g.instance = split_part(owner, '/', 1)), now()) IS NULL)
     RETURNING tenant, entity, key, fence, attempt, owner, expires_at
 ), history AS (
     INSERT INTO fencegate_decisions (
@@ -145,7 +113,9 @@ SELECT count(*) FROM resolved;
 WITH released AS (
     DELETE FROM fencegate_idempotency_keys
     WHERE tenant = $1 AND key = $2 AND state IN ('in_flight', 'outcome_unknown')
-        AND ($5::boolean OR fencegate_release_blocker(state::text, owner, locked_until, $4) IS NULL)
+        AND ($5::boolean OR fencegate_release_blocker(state, owner, locked_until, $4,
+            (SELECT g.alive_until FROM fencegate_gateways g
+             WHERE g.instance = split_part(owner, '/', 1)), now()) IS NULL)
     RETURNING tenant, entity, key, fence, attempt, expires_at
 ), history AS (
     INSERT INTO fencegate_decisions (
@@ -164,22 +134,26 @@ SELECT name FROM fencegate_migrations ORDER BY name;
 SELECT to_regclass('fencegate_migrations') IS NOT NULL;
 
 -- name: purge_keys
-DELETE FROM fencegate_idempotency_keys WHERE ctid = ANY(ARRAY(
-    SELECT ctid FROM fencegate_idempotency_keys WHERE expires_at <= now() LIMIT $1));
+-- Each purge deletes by primary key (not by ctid, which Citus cannot plan on a distributed
+-- table: there each purge runs on every shard).
+DELETE FROM fencegate_idempotency_keys WHERE (tenant, key) IN (
+    SELECT tenant, key FROM fencegate_idempotency_keys WHERE expires_at <= now() LIMIT $1);
 
 -- name: purge_fences
-DELETE FROM fencegate_fences WHERE ctid = ANY(ARRAY(
-    SELECT ctid FROM fencegate_fences
-    WHERE updated_at <= now() - make_interval(secs => $2) LIMIT $1));
+DELETE FROM fencegate_fences WHERE (tenant, entity) IN (
+    SELECT tenant, entity FROM fencegate_fences
+    WHERE updated_at <= now() - make_interval(secs => $2) LIMIT $1);
 
 -- name: purge_nonces
-DELETE FROM fencegate_signature_nonces WHERE ctid = ANY(ARRAY(
-    SELECT ctid FROM fencegate_signature_nonces WHERE expires_at <= now() LIMIT $1));
+DELETE FROM fencegate_signature_nonces WHERE (tenant, key_id, nonce) IN (
+    SELECT tenant, key_id, nonce FROM fencegate_signature_nonces
+    WHERE expires_at <= now() LIMIT $1);
 
 -- name: purge_decisions
--- Oldest first along the primary key (rows are inserted in time order).
-DELETE FROM fencegate_decisions WHERE id = ANY(ARRAY(
-    SELECT id FROM fencegate_decisions WHERE expires_at <= now() ORDER BY id LIMIT $1));
+-- Those that expired first, first.
+DELETE FROM fencegate_decisions WHERE (tenant, id) IN (
+    SELECT tenant, id FROM fencegate_decisions WHERE expires_at <= now()
+    ORDER BY expires_at LIMIT $1);
 
 -- name: ping
 SELECT 1;
@@ -188,10 +162,11 @@ SELECT 1;
 
 -- name: gateway_heartbeat
 -- Registers the process, or keeps it alive: alive until $4 seconds from now (database clock).
-INSERT INTO fencegate_gateways AS g (instance, host, pid, alive_until)
-VALUES ($1, $2, $3, now() + make_interval(secs => $4))
+-- (The upsert sets only what it inserted: Citus plans no non-immutable function in DO UPDATE.)
+INSERT INTO fencegate_gateways AS g (instance, host, pid, heartbeat_at, alive_until)
+VALUES ($1, $2, $3, now(), now() + make_interval(secs => $4))
 ON CONFLICT (instance) DO UPDATE
-SET heartbeat_at = now(), alive_until = EXCLUDED.alive_until;
+SET heartbeat_at = EXCLUDED.heartbeat_at, alive_until = EXCLUDED.alive_until;
 
 -- name: gateway_deregister
 -- A clean stop, once the process owes no write.

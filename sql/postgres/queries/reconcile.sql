@@ -16,7 +16,9 @@ WITH due AS (
         AND k.state IN ('in_flight', 'outcome_unknown')
         AND k.expires_at > now()
         AND k.locked_until <= now() - make_interval(secs => $1)
-        AND fencegate_release_blocker(k.state::text, k.owner, k.locked_until, $1) IS NULL
+        AND fencegate_release_blocker(k.state, k.owner, k.locked_until, $1,
+            (SELECT g.alive_until FROM fencegate_gateways g
+             WHERE g.instance = split_part(k.owner, '/', 1)), now()) IS NULL
     ORDER BY k.reconcile_after
     LIMIT $2
     FOR UPDATE SKIP LOCKED
@@ -58,7 +60,9 @@ WITH gone AS (
     DELETE FROM fencegate_idempotency_keys k
     WHERE k.tenant = $1 AND k.key = $2 AND k.owner IS NOT DISTINCT FROM $3 AND k.attempt = $4
         AND k.state = $5::fencegate_key_state AND k.reconcile_tries = $6
-        AND fencegate_release_blocker(k.state::text, k.owner, k.locked_until, $7) IS NULL
+        AND fencegate_release_blocker(k.state, k.owner, k.locked_until, $7,
+            (SELECT g.alive_until FROM fencegate_gateways g
+             WHERE g.instance = split_part(k.owner, '/', 1)), now()) IS NULL
     RETURNING k.tenant, k.entity, k.key, k.fence, k.attempt, k.method, k.target, k.expires_at
 ), history AS (
     INSERT INTO fencegate_decisions (
