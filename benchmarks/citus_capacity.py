@@ -10,7 +10,14 @@ keys per second (median of the rounds) and, steadier on a shared machine, the CP
 costs the database processes (every backend of the benchmark's database, on every node) and
 the client.
 
-``python -m benchmarks.citus_capacity [--keys 2000] [--rounds 3] [--concurrency 32]``
+``--citus-setting NAME=VALUE`` (repeatable) adds a third setup in the same run: the same
+Citus cluster with those settings on every node (``ALTER SYSTEM`` and a reload before each
+of its rounds, reset before the others). For each Citus setup it also prints how many
+backends the workers started per 1000 keys during the timed part (``pg_stat_database``'s
+``sessions``): a coordinator that kept its connections to the workers starts none.
+
+``python -m benchmarks.citus_capacity [--keys 2000] [--rounds 3] [--concurrency 32]
+[--citus-setting citus.max_cached_conns_per_worker=8]``
 """
 
 from __future__ import annotations
@@ -44,6 +51,10 @@ class Setup:
     rates: list[float] = field(default_factory=list)
     server_ms: list[float] = field(default_factory=list)
     client_ms: list[float] = field(default_factory=list)
+    # Coordinator settings of this setup (Citus only), and the workers it routes to.
+    settings: dict[str, str] = field(default_factory=dict)
+    workers: list[str] = field(default_factory=list)
+    worker_sessions: list[float] = field(default_factory=list)
 
 
 async def one_key(store: GatewayStore, tenant: str, n: int) -> None:
@@ -67,6 +78,57 @@ async def one_key(store: GatewayStore, tenant: str, n: int) -> None:
     assert await store.complete(holder, ANSWER, timeout=T)
 
 
+async def sessions(urls: list[str]) -> int:
+    """Backends started so far in the benchmark's database on these nodes."""
+    total = 0
+    for url in urls:
+        conn = await asyncpg.connect(url, timeout=T)
+        try:
+            total += await conn.fetchval(
+                "SELECT sessions FROM pg_stat_database WHERE datname = $1", DATABASE
+            )
+        finally:
+            await conn.close()
+    return total
+
+
+async def configure(nodes: list[str], names: list[str], settings: dict[str, str]) -> None:
+    """On every node, ``names`` set to ``settings`` (the others reset), reloaded."""
+    for node in nodes:
+        await configure_node(node, names, settings)
+
+
+async def configure_node(node: str, names: list[str], settings: dict[str, str]) -> None:
+    conn = await asyncpg.connect(node, timeout=T)
+    try:
+        for name in names:
+            if name in settings:
+                value = settings[name].replace("'", "''")
+                await conn.execute(f"ALTER SYSTEM SET {name} = '{value}'")
+            else:
+                await conn.execute(f"ALTER SYSTEM RESET {name}")
+        await conn.execute("SELECT pg_reload_conf()")
+    finally:
+        await conn.close()
+    # The reload is a signal: wait until a new backend sees the values.
+    deadline = time.monotonic() + T
+    while True:
+        conn = await asyncpg.connect(node, timeout=T)
+        try:
+            seen = {name: await conn.fetchval("SELECT current_setting($1)", name) for name in names}
+            defaults = {
+                name: await conn.fetchval("SELECT reset_val FROM pg_settings WHERE name = $1", name)
+                for name in names
+            }
+        finally:
+            await conn.close()
+        if all(seen[n] == settings.get(n, defaults[n]) for n in names):
+            return
+        if time.monotonic() > deadline:
+            raise SystemExit(f"a node did not take {settings}: {seen}")
+        await asyncio.sleep(0.05)
+
+
 async def round_on(setup: Setup, args: argparse.Namespace) -> None:
     store = await open_gateway_store(setup.url, pool_max_size=args.concurrency)
     try:
@@ -80,18 +142,22 @@ async def round_on(setup: Setup, args: argparse.Namespace) -> None:
                 n = queue.get_nowait()
                 await one_key(store, f"tenant-{n % args.tenants}", n)
 
-        server_before = sum(backends_cpu(DATABASE).values())
+        sessions_before = await sessions(setup.workers)
+        cpu_before = backends_cpu(DATABASE)
         client_before = time.process_time()
         began = time.perf_counter()
         await asyncio.gather(*(caller() for _ in range(args.concurrency)))
         wall = time.perf_counter() - began
         client = time.process_time() - client_before
-        server = sum(backends_cpu(DATABASE).values()) - server_before
+        server = sum(backends_cpu(DATABASE).values()) - sum(cpu_before.values())
+        # Less the one connection to each worker that counted the sessions before.
+        started = await sessions(setup.workers) - sessions_before - len(setup.workers)
     finally:
         await store.close()
     setup.rates.append(args.keys / wall)
     setup.server_ms.append(server * 1000 / args.keys)
     setup.client_ms.append(client * 1000 / args.keys)
+    setup.worker_sessions.append(started * 1000 / args.keys)
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -111,11 +177,29 @@ async def main(args: argparse.Namespace) -> None:
         await conn.execute(f'CREATE DATABASE "{DATABASE}"')
         await conn.close()
         plain = Setup("one PostgreSQL", single.url(DATABASE))
-        citus = Setup("Citus: coordinator + 2 workers", await cluster.create_database(DATABASE))
-        for setup in (plain, citus):
-            await migrate(setup.url)
+        url = await cluster.create_database(DATABASE)
+        workers = [worker.url(DATABASE) for worker in cluster.workers]
+        citus = Setup("Citus: coordinator + 2 workers", url, workers=workers)
+        setups = [plain, citus]
+        if args.citus_setting:
+            wanted = dict(item.split("=", 1) for item in args.citus_setting)
+            setups.append(
+                Setup(
+                    "Citus, with the settings",
+                    url,
+                    settings=wanted,
+                    workers=workers,
+                )
+            )
+        names = sorted({name for setup in setups for name in setup.settings})
+        await migrate(plain.url)
+        await migrate(citus.url)
         for n in range(args.rounds):
-            for setup in (plain, citus) if n % 2 == 0 else (citus, plain):
+            # Each round in another order, so that the machine's other work falls on all.
+            order = setups[n % len(setups) :] + setups[: n % len(setups)]
+            for setup in order if n % 2 == 0 else order[::-1]:
+                if setup is not plain and names:
+                    await configure([citus.url, *workers], names, setup.settings)
                 await round_on(setup, args)
     finally:
         single.stop()
@@ -124,23 +208,32 @@ async def main(args: argparse.Namespace) -> None:
         f"{args.keys} new keys (reserve + record) per round, {args.rounds} rounds, "
         f"{args.concurrency} callers, {args.tenants} tenants"
     )
-    print(f"{'setup':<32} {'keys/s':>8} {'server CPU ms/key':>18} {'client CPU ms/key':>18}")
-    for setup in (plain, citus):
+    for setup in setups:
+        if setup.settings:
+            print(f"{setup.name}: " + ", ".join(f"{k} = {v}" for k, v in setup.settings.items()))
+    print(
+        f"{'setup':<32} {'keys/s':>8} {'server CPU ms/key':>18} {'client CPU ms/key':>18} "
+        f"{'worker backends/1000 keys':>26}"
+    )
+    for setup in setups:
+        started = f"{statistics.median(setup.worker_sessions):.1f}" if setup.workers else "-"
         print(
             f"{setup.name:<32} {statistics.median(setup.rates):>8.0f} "
             f"{statistics.median(setup.server_ms):>18.2f} "
-            f"{statistics.median(setup.client_ms):>18.2f}"
+            f"{statistics.median(setup.client_ms):>18.2f} {started:>26}"
         )
-    print(
-        f"Citus / one PostgreSQL: keys/s x"
-        f"{statistics.median(citus.rates) / statistics.median(plain.rates):.2f}, "
-        f"server CPU per key x"
-        f"{statistics.median(citus.server_ms) / statistics.median(plain.server_ms):.2f}"
-    )
-    print(
-        f"rounds, keys/s: one PostgreSQL {[round(r) for r in plain.rates]}, "
-        f"Citus {[round(r) for r in citus.rates]}"
-    )
+    for setup in setups[1:]:
+        print(
+            f"{setup.name} / one PostgreSQL: keys/s x"
+            f"{statistics.median(setup.rates) / statistics.median(plain.rates):.2f}, "
+            f"server CPU per key x"
+            f"{statistics.median(setup.server_ms) / statistics.median(plain.server_ms):.2f}"
+        )
+    for setup in setups:
+        print(
+            f"rounds, {setup.name}: keys/s {[round(r) for r in setup.rates]}, "
+            f"server CPU ms/key {[round(m, 2) for m in setup.server_ms]}"
+        )
 
 
 if __name__ == "__main__":
@@ -149,4 +242,11 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--tenants", type=int, default=16)
+    parser.add_argument(
+        "--citus-setting",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a coordinator setting for a third setup, compared in the same run (repeatable)",
+    )
     asyncio.run(main(parser.parse_args()))
