@@ -18,6 +18,7 @@ import sqlite3
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import asyncpg
 import orjson
 
 from fencegate.store.base import GatewayStore, StoredResponse
@@ -118,10 +119,29 @@ class PostgresReconcileStore(ReconcileStore):
     async def claim(
         self, *, margin: float, hold: float, limit: int, timeout: float
     ) -> list[ClaimedKey]:
-        args = (float(margin), int(limit), float(hold), MAX_BACKOFF_SECONDS)
-        rows = await self._db.run(
-            lambda conn: conn.fetch(PG.reconcile_claim, *args), timeout=timeout
-        )
+        """One claim across tenants; on a Citus coordinator, which locks no rows across
+        shards, the tenants with due keys first (a read on every worker, no locks), then the
+        same claim for each of them in turn (on its worker), up to ``limit`` keys in all."""
+        margin, hold = float(margin), float(hold)
+
+        async def across(conn: asyncpg.Connection) -> list[asyncpg.Record]:
+            return await conn.fetch(
+                PG.reconcile_claim, margin, int(limit), hold, MAX_BACKOFF_SECONDS, None
+            )
+
+        async def per_tenant(conn: asyncpg.Connection) -> list[asyncpg.Record]:
+            tenants = await conn.fetch(PG.reconcile_due_tenants, margin, int(limit))
+            rows: list[asyncpg.Record] = []
+            for found in tenants:
+                left = int(limit) - len(rows)
+                if left <= 0:
+                    break
+                rows += await conn.fetch(
+                    PG.reconcile_claim, margin, left, hold, MAX_BACKOFF_SECONDS, found["tenant"]
+                )
+            return rows
+
+        rows = await self._db.run(per_tenant if self._db.citus else across, timeout=timeout)
         return [_claimed(row) for row in rows]
 
     async def complete(
@@ -156,7 +176,7 @@ class PostgresReconcileStore(ReconcileStore):
         found = await self._db.run(
             lambda conn: conn.fetchval(PG.reconcile_later, *args), timeout=timeout
         )
-        return None if found is None else float(found)
+        return None if found is None else float(found.timestamp())
 
 
 def _which(c: ClaimedKey, now: float) -> dict[str, Any]:

@@ -29,13 +29,16 @@ TENANT_FUNCTIONS = (
 )
 
 # Statements meant to span tenants: maintenance by expiry time, not a request's decision;
-# and the reconciler's poll for due keys (it settles each by its tenant and key).
+# and the reconciler's poll for due keys (it settles each by its tenant and key): its claim
+# spans tenants on one PostgreSQL and names one on Citus, after a read of which tenants have
+# due keys (no row locks, so Citus may run it on every shard).
 SPANS_TENANTS = {
     "purge_keys",
     "purge_fences",
     "purge_nonces",
     "purge_decisions",
     "reconcile_claim",
+    "reconcile_due_tenants",
 }
 
 
