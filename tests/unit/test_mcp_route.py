@@ -176,6 +176,20 @@ def test_key_fence_and_entity_come_from_meta_headers_or_the_arguments() -> None:
         (call(meta={META_KEY: "k", META_FENCE: True}, order="o"), "invalid-meta"),
         (call(meta={META_KEY: "k", META_FENCE: 1}), "entity-required"),
         ([call(meta={META_KEY: "k"}, order="o")], "invalid-request"),
+        # A call of a guarded tool that is not a request with a string or integer id.
+        (call(1.0, meta={META_KEY: "k"}, order="o"), "invalid-request"),
+        (call(None, meta={META_KEY: "k"}, order="o"), "invalid-request"),
+        (call(False, meta={META_KEY: "k"}, order="o"), "invalid-request"),
+        ({**call(meta={META_KEY: "k"}, order="o"), "id": None} | {"id": {}}, "invalid-request"),
+        ({k: v for k, v in call(meta={META_KEY: "k"}).items() if k != "id"}, "invalid-request"),
+        (
+            {k: v for k, v in call(meta={META_KEY: "k"}).items() if k != "jsonrpc"},
+            "invalid-request",
+        ),
+        (
+            [{"jsonrpc": "2.0", "method": "tools/call", "params": {"name": "charge"}}],
+            "invalid-request",
+        ),
     ],
 )
 def test_calls_that_cannot_be_decided_are_refused(body: object, kind: str) -> None:
