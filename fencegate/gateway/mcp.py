@@ -233,7 +233,16 @@ class McpExchange:
         assert self.rpc is not None and self.rpc.params is not None
         params = self.rpc.params
         meta = params.get("_meta")
-        meta = meta if isinstance(meta, dict) else {}
+        if meta is None:
+            meta = {}
+        elif not isinstance(meta, dict):
+            raise Problem(
+                400,
+                "invalid-meta",
+                "Malformed _meta field",
+                "params._meta must be an object",
+                field="_meta",
+            )
         arguments = params.get("arguments")
         if arguments is None:
             arguments = {}

@@ -236,6 +236,23 @@ async def test_a_guarded_call_that_is_not_a_request_with_a_plain_id_is_refused(
     assert await server.acount(order) == 0
 
 
+async def test_a_meta_that_is_not_an_object_is_a_clear_error_and_nothing_is_stored(
+    server: McpServerProcess, gateway: GatewayProcess
+) -> None:
+    body = rpc(1, "charge", {"order": "o-meta", "amount": 1}, "unused")
+    body["params"]["_meta"] = "k-meta"
+    headers = ACCEPT | {"mcp-protocol-version": "2025-11-25", "idempotency-key": "k-meta"}
+    async with httpx.AsyncClient(timeout=30) as http:
+        for _ in range(2):
+            answer = await http.post(f"{gateway.url}/mcp", json=body, headers=headers)
+            error = answer.json()
+            assert answer.status_code == 200 and error["id"] == 1
+            assert error["error"]["code"] == ERROR_CODES["invalid-request"]
+            assert error["error"]["data"]["type"].endswith("/invalid-meta")
+            assert "params._meta must be an object" in error["error"]["message"]
+    assert await server.acount("o-meta") == 0
+
+
 async def test_other_messages_pass_through_byte_for_byte(
     server: McpServerProcess, gateway: GatewayProcess
 ) -> None:

@@ -175,6 +175,9 @@ def test_key_fence_and_entity_come_from_meta_headers_or_the_arguments() -> None:
         (call(meta={META_KEY: 5}, order="o"), "invalid-meta"),
         (call(meta={META_KEY: "k", META_FENCE: True}, order="o"), "invalid-meta"),
         (call(meta={META_KEY: "k", META_FENCE: 1}), "entity-required"),
+        # _meta itself of the wrong type: not read as "no key, no fence".
+        (call(meta=[{META_KEY: "k"}], order="o"), "invalid-meta"),  # type: ignore[arg-type]
+        (call(meta="k", order="o"), "invalid-meta"),  # type: ignore[arg-type]
         ([call(meta={META_KEY: "k"}, order="o")], "invalid-request"),
         # A call of a guarded tool that is not a request with a string or integer id.
         (call(1.0, meta={META_KEY: "k"}, order="o"), "invalid-request"),
