@@ -7,6 +7,7 @@ Nothing here decides anything: `fencegate.gateway.mcp` does, at the pipeline's e
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +35,16 @@ def parse(body: bytes) -> object:
     try:
         return orjson.loads(body) if body else None
     except orjson.JSONDecodeError:
+        return None
+
+
+def parse_lenient(body: bytes) -> object:
+    """The body as a lenient parser reads it (Python's json: NaN, Infinity, numbers out of a
+    double's range), or None. For telling what a body `parse` refused would mean to a
+    server that reads it so."""
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError):
         return None
 
 

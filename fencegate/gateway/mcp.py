@@ -198,6 +198,14 @@ class McpExchange:
         self._batch_guarded = isinstance(message, list) and any(
             route.names_a_guarded_tool(m) for m in message
         )
+        # A call of a listed tool in a body that is not strict JSON (NaN, 1e400…): a
+        # lenient server still runs it.
+        self._not_strict_json = False
+        if message is None and request.method == "POST" and request.body:
+            lenient = jsonrpc.parse_lenient(request.body)
+            batch = lenient if isinstance(lenient, list) else [lenient]
+            self._not_strict_json = any(route.names_a_guarded_tool(m) for m in batch)
+            self._malformed_call = self._not_strict_json
         self.started = False  # the answer's head went to the client: it is being streamed
         self._events = jsonrpc.EventStream()
         self._final: bytes | None = None  # the tool's response, streamed
@@ -217,6 +225,14 @@ class McpExchange:
                 "invalid-request",
                 "Guarded tool call in a batch",
                 "a tools/call of a guarded tool must be sent alone, not in a JSON-RPC batch",
+            )
+        if self._not_strict_json:
+            raise Problem(
+                400,
+                "invalid-request",
+                "Malformed tool call",
+                f"a {TOOLS_CALL} of a guarded tool must be strict JSON (no NaN, Infinity, or "
+                "number beyond a double's range)",
             )
         if self._malformed_call:
             raise Problem(

@@ -236,6 +236,29 @@ async def test_a_guarded_call_that_is_not_a_request_with_a_plain_id_is_refused(
     assert await server.acount(order) == 0
 
 
+@pytest.mark.parametrize("value", [b"NaN", b"1e400", b"-Infinity"])
+async def test_a_guarded_call_the_gateway_cannot_parse_strictly_is_refused(
+    server: McpServerProcess, gateway: GatewayProcess, value: bytes
+) -> None:
+    # Not strict JSON, but the server reads it (Python's json does) and would run the tool:
+    # it must not pass through unguarded, once per retry.
+    order = f"o-nan-{value.decode()}"
+    body = (
+        b'{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "charge", '
+        b'"arguments": {"order": "' + order.encode() + b'", "amount": 1, "x": ' + value + b"}, "
+        b'"_meta": {"' + META_KEY.encode() + b'": "k-' + order.encode() + b'"}}}'
+    )
+    version = {"mcp-protocol-version": "2025-11-25"}
+    async with httpx.AsyncClient(timeout=30) as http:
+        for _ in range(2):
+            answer = await http.post(f"{gateway.url}/mcp", content=body, headers=ACCEPT | version)
+            assert answer.status_code == 200, answer.text
+            error = answer.json()
+            assert error["id"] is None
+            assert error["error"]["code"] == ERROR_CODES["invalid-request"]
+    assert await server.acount(order) == 0
+
+
 async def test_a_meta_that_is_not_an_object_is_a_clear_error_and_nothing_is_stored(
     server: McpServerProcess, gateway: GatewayProcess
 ) -> None:
