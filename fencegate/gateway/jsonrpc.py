@@ -7,6 +7,7 @@ Nothing here decides anything: `fencegate.gateway.mcp` does, at the pipeline's e
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +35,16 @@ def parse(body: bytes) -> object:
     try:
         return orjson.loads(body) if body else None
     except orjson.JSONDecodeError:
+        return None
+
+
+def parse_lenient(body: bytes) -> object:
+    """The body as a lenient parser reads it (Python's json: NaN, Infinity, numbers out of a
+    double's range), or None. For telling what a body `parse` refused would mean to a
+    server that reads it so."""
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError):
         return None
 
 
@@ -99,20 +110,29 @@ class EventStream:
     event-stream format: events end with a blank line; lines with CRLF, LF or CR)."""
 
     def __init__(self) -> None:
-        self._buffer = b""
+        self._buffer = bytearray()
+        # Where the search for an event's end resumes: the bytes before it hold none, and
+        # an end is at most 4 bytes long. (Searching the whole of a large event again at
+        # each chunk took time quadratic in its size, on the event loop.)
+        self._scanned = 0
 
     def feed(self, chunk: bytes) -> list[Event]:
-        self._buffer += chunk
+        buffer = self._buffer
+        buffer += chunk
         events = []
-        while (end := _EVENT_END.search(self._buffer)) is not None:
-            raw, self._buffer = self._buffer[: end.end()], self._buffer[end.end() :]
-            events.append(Event(raw, _data_of(raw[: end.start()])))
+        start = 0
+        while (end := _EVENT_END.search(buffer, max(start, self._scanned))) is not None:
+            raw = bytes(buffer[start : end.end()])
+            events.append(Event(raw, _data_of(raw[: end.start() - start])))
+            start = end.end()
+        del buffer[:start]
+        self._scanned = max(len(buffer) - 3, 0)
         return events
 
     @property
     def pending(self) -> bytes:
         """Bytes of an event not finished yet."""
-        return self._buffer
+        return bytes(self._buffer)
 
 
 def _data_of(block: bytes) -> str | None:

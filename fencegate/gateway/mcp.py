@@ -128,6 +128,15 @@ class McpRoute:
         name = rpc.params.get("name")
         return name if isinstance(name, str) and name in self.tools else None
 
+    def names_a_guarded_tool(self, message: object) -> bool:
+        """Whether a message asks for a call of a listed tool, even one that is not a
+        JSON-RPC request the gateway can answer (an id of another type, no id, no
+        ``"jsonrpc": "2.0"``): some servers still run it, so it never passes unguarded."""
+        if not isinstance(message, dict) or message.get("method") != TOOLS_CALL:
+            return False
+        params = message.get("params")
+        return isinstance(params, dict) and params.get("name") in self.tools
+
 
 def _from_arguments(arguments: object, spec: str) -> tuple[str, str] | None:
     """(field, value) of ``arguments.<field…>``, or None when it is absent or not a plain
@@ -184,9 +193,19 @@ class McpExchange:
         # The request an error answer answers (None: a notification, a batch, a GET…).
         self.rpc = jsonrpc.request_of(message)
         self.tool = route.guards(message)
+        # A call of a listed tool that is not a request with a string or integer id.
+        self._malformed_call = self.tool is None and route.names_a_guarded_tool(message)
         self._batch_guarded = isinstance(message, list) and any(
-            route.guards(m) is not None for m in message
+            route.names_a_guarded_tool(m) for m in message
         )
+        # A call of a listed tool in a body that is not strict JSON (NaN, 1e400…): a
+        # lenient server still runs it.
+        self._not_strict_json = False
+        if message is None and request.method == "POST" and request.body:
+            lenient = jsonrpc.parse_lenient(request.body)
+            batch = lenient if isinstance(lenient, list) else [lenient]
+            self._not_strict_json = any(route.names_a_guarded_tool(m) for m in batch)
+            self._malformed_call = self._not_strict_json
         self.started = False  # the answer's head went to the client: it is being streamed
         self._events = jsonrpc.EventStream()
         self._final: bytes | None = None  # the tool's response, streamed
@@ -207,6 +226,22 @@ class McpExchange:
                 "Guarded tool call in a batch",
                 "a tools/call of a guarded tool must be sent alone, not in a JSON-RPC batch",
             )
+        if self._not_strict_json:
+            raise Problem(
+                400,
+                "invalid-request",
+                "Malformed tool call",
+                f"a {TOOLS_CALL} of a guarded tool must be strict JSON (no NaN, Infinity, or "
+                "number beyond a double's range)",
+            )
+        if self._malformed_call:
+            raise Problem(
+                400,
+                "invalid-request",
+                "Malformed tool call",
+                f'a {TOOLS_CALL} of a guarded tool must be a JSON-RPC 2.0 request: "jsonrpc": '
+                '"2.0" and an "id" that is a string or an integer',
+            )
         if self.tool is None:
             return self.request, self.route.passthrough
         name = self.tool
@@ -214,7 +249,16 @@ class McpExchange:
         assert self.rpc is not None and self.rpc.params is not None
         params = self.rpc.params
         meta = params.get("_meta")
-        meta = meta if isinstance(meta, dict) else {}
+        if meta is None:
+            meta = {}
+        elif not isinstance(meta, dict):
+            raise Problem(
+                400,
+                "invalid-meta",
+                "Malformed _meta field",
+                "params._meta must be an object",
+                field="_meta",
+            )
         arguments = params.get("arguments")
         if arguments is None:
             arguments = {}
@@ -356,10 +400,11 @@ class McpExchange:
                 last = self._final_event
             await self._body(last, more=False)
             return
-        if problem is not None and self.rpc is not None:
+        if problem is not None and (self.rpc is not None or self._malformed_call):
             headers = [("content-type", "application/json")]
             headers += [(k.lower(), v) for k, v in problem.headers.items()]
-            body = error_message(self.rpc.id, problem)
+            # JSON-RPC: an id that could not be read is answered as null.
+            body = error_message(self.rpc.id if self.rpc is not None else None, problem)
             response = dataclasses.replace(response, status=200, headers=headers, body=body)
         elif self.keyed and response.decision == "replayed":
             assert self.rpc is not None

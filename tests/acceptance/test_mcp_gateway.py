@@ -195,6 +195,87 @@ async def test_a_guarded_tool_without_a_key_is_refused_and_does_not_run(
     assert await server.acount("o-6") == 0
 
 
+@pytest.mark.parametrize(
+    "shape",
+    [
+        {"id": 1.0},  # a JSON number that is not an integer token
+        {"id": None},
+        {"id": True},
+        {"id": [1]},
+        {},  # a notification
+        {"jsonrpc": None, "id": 1},  # not "jsonrpc": "2.0"
+    ],
+)
+async def test_a_guarded_call_that_is_not_a_request_with_a_plain_id_is_refused(
+    server: McpServerProcess, gateway: GatewayProcess, shape: dict[str, Any]
+) -> None:
+    # A tools/call of a guarded tool the gateway cannot read as one request never reaches
+    # the tool unguarded: a stale fence, a missing key, a retry would not be caught.
+    order = f"o-id-{abs(hash(repr(shape)))}"
+    body: dict[str, Any] = {
+        "jsonrpc": "2.0",
+        "method": "tools/call",
+        "params": {
+            "name": "charge",
+            "arguments": {"order": order, "amount": 1},
+            "_meta": {META_KEY: f"k-{order}"},
+        },
+    }
+    body.update(shape)
+    if body["jsonrpc"] is None:
+        del body["jsonrpc"]
+    version = {"mcp-protocol-version": "2025-11-25"}
+    async with httpx.AsyncClient(timeout=30) as http:
+        for _ in range(2):
+            answer = await http.post(f"{gateway.url}/mcp", json=body, headers=ACCEPT | version)
+            assert answer.status_code == 200, answer.text
+            error = answer.json()
+            assert error["jsonrpc"] == "2.0" and error["id"] is None
+            assert error["error"]["code"] == ERROR_CODES["invalid-request"]
+            assert error["error"]["data"]["status"] == 400
+    assert await server.acount(order) == 0
+
+
+@pytest.mark.parametrize("value", [b"NaN", b"1e400", b"-Infinity"])
+async def test_a_guarded_call_the_gateway_cannot_parse_strictly_is_refused(
+    server: McpServerProcess, gateway: GatewayProcess, value: bytes
+) -> None:
+    # Not strict JSON, but the server reads it (Python's json does) and would run the tool:
+    # it must not pass through unguarded, once per retry.
+    order = f"o-nan-{value.decode()}"
+    body = (
+        b'{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "charge", '
+        b'"arguments": {"order": "' + order.encode() + b'", "amount": 1, "x": ' + value + b"}, "
+        b'"_meta": {"' + META_KEY.encode() + b'": "k-' + order.encode() + b'"}}}'
+    )
+    version = {"mcp-protocol-version": "2025-11-25"}
+    async with httpx.AsyncClient(timeout=30) as http:
+        for _ in range(2):
+            answer = await http.post(f"{gateway.url}/mcp", content=body, headers=ACCEPT | version)
+            assert answer.status_code == 200, answer.text
+            error = answer.json()
+            assert error["id"] is None
+            assert error["error"]["code"] == ERROR_CODES["invalid-request"]
+    assert await server.acount(order) == 0
+
+
+async def test_a_meta_that_is_not_an_object_is_a_clear_error_and_nothing_is_stored(
+    server: McpServerProcess, gateway: GatewayProcess
+) -> None:
+    body = rpc(1, "charge", {"order": "o-meta", "amount": 1}, "unused")
+    body["params"]["_meta"] = "k-meta"
+    headers = ACCEPT | {"mcp-protocol-version": "2025-11-25", "idempotency-key": "k-meta"}
+    async with httpx.AsyncClient(timeout=30) as http:
+        for _ in range(2):
+            answer = await http.post(f"{gateway.url}/mcp", json=body, headers=headers)
+            error = answer.json()
+            assert answer.status_code == 200 and error["id"] == 1
+            assert error["error"]["code"] == ERROR_CODES["invalid-request"]
+            assert error["error"]["data"]["type"].endswith("/invalid-meta")
+            assert "params._meta must be an object" in error["error"]["message"]
+    assert await server.acount("o-meta") == 0
+
+
 async def test_other_messages_pass_through_byte_for_byte(
     server: McpServerProcess, gateway: GatewayProcess
 ) -> None:

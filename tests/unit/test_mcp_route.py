@@ -175,7 +175,24 @@ def test_key_fence_and_entity_come_from_meta_headers_or_the_arguments() -> None:
         (call(meta={META_KEY: 5}, order="o"), "invalid-meta"),
         (call(meta={META_KEY: "k", META_FENCE: True}, order="o"), "invalid-meta"),
         (call(meta={META_KEY: "k", META_FENCE: 1}), "entity-required"),
+        # _meta itself of the wrong type: not read as "no key, no fence".
+        (call(meta=[{META_KEY: "k"}], order="o"), "invalid-meta"),  # type: ignore[arg-type]
+        (call(meta="k", order="o"), "invalid-meta"),  # type: ignore[arg-type]
         ([call(meta={META_KEY: "k"}, order="o")], "invalid-request"),
+        # A call of a guarded tool that is not a request with a string or integer id.
+        (call(1.0, meta={META_KEY: "k"}, order="o"), "invalid-request"),
+        (call(None, meta={META_KEY: "k"}, order="o"), "invalid-request"),
+        (call(False, meta={META_KEY: "k"}, order="o"), "invalid-request"),
+        ({**call(meta={META_KEY: "k"}, order="o"), "id": None} | {"id": {}}, "invalid-request"),
+        ({k: v for k, v in call(meta={META_KEY: "k"}).items() if k != "id"}, "invalid-request"),
+        (
+            {k: v for k, v in call(meta={META_KEY: "k"}).items() if k != "jsonrpc"},
+            "invalid-request",
+        ),
+        (
+            [{"jsonrpc": "2.0", "method": "tools/call", "params": {"name": "charge"}}],
+            "invalid-request",
+        ),
     ],
 )
 def test_calls_that_cannot_be_decided_are_refused(body: object, kind: str) -> None:
@@ -245,3 +262,25 @@ def test_event_streams_are_split_as_they_arrive() -> None:
     second, third = stream.feed(b"data: 2\ndata: 3\n\n: comment\n\n")
     assert second.data == "2\n3" and third.data is None
     assert stream.pending == b""
+
+
+def test_event_ends_split_anywhere_across_chunks_are_found() -> None:
+    # Every line ending, every event end, cut at every byte (and fed one byte at a time):
+    # the same events as the stream read whole.
+    stream = (
+        b'event: message\r\nid: 1\r\ndata: {"a":1}\r\n\r\n'
+        b": comment\n\n"
+        b"retry: 10\rdata: 2\r\r"
+        b"data: 3\r\n\n"
+        b"data: 4\n\r\n"
+        b"data: 5\n\n"
+    )
+    whole = jsonrpc.EventStream().feed(stream)
+    assert [e.data for e in whole] == ['{"a":1}', None, "2", "3", "4", "5"]
+    assert b"".join(e.raw for e in whole) == stream
+    for cut in range(len(stream) + 1):
+        split = jsonrpc.EventStream()
+        assert split.feed(stream[:cut]) + split.feed(stream[cut:]) == whole, cut
+        assert split.pending == b""
+    one = jsonrpc.EventStream()
+    assert [e for i in range(len(stream)) for e in one.feed(stream[i : i + 1])] == whole
