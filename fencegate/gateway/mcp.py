@@ -18,10 +18,9 @@ request and knows nothing of JSON-RPC.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 from typing import Any
-
-import orjson
 
 from fencegate.gateway import headers as h
 from fencegate.gateway import jsonrpc
@@ -136,6 +135,17 @@ class McpRoute:
             return False
         params = message.get("params")
         return isinstance(params, dict) and params.get("name") in self.tools
+
+
+def _exact_arguments(body: bytes, parsed: object) -> object:
+    """``params.arguments`` of a single-message body as Python's json reads it (integers
+    exact), or ``parsed`` when the body does not read so."""
+    message = jsonrpc.parse_lenient(body)
+    if isinstance(message, dict):
+        params = message.get("params")
+        if isinstance(params, dict):
+            return params.get("arguments")
+    return parsed
 
 
 def _from_arguments(arguments: object, spec: str) -> tuple[str, str] | None:
@@ -259,7 +269,10 @@ class McpExchange:
                 "params._meta must be an object",
                 field="_meta",
             )
-        arguments = params.get("arguments")
+        # orjson reads an integer past 64 bits as a double, so two calls that differ only in
+        # such a number would share a fingerprint (and `key_from` a key): the arguments are
+        # read again, exactly, from the body (a guarded call is one strict-JSON message).
+        arguments = _exact_arguments(self.request.body, params.get("arguments"))
         if arguments is None:
             arguments = {}
         request = self.request
@@ -321,10 +334,12 @@ class McpExchange:
         headers += [(h.EXECUTION_ENTITY, v) for v in entities]
         # What the call asks for, not how it was sent: its name, its arguments, and
         # whether it asks for a task (a task's answer is not a result's).
-        body = orjson.dumps(
+        body = json.dumps(
             {"name": name, "arguments": arguments, "task": params.get("task") is not None},
-            option=orjson.OPT_SORT_KEYS,
-        )
+            sort_keys=True,
+            separators=(",", ":"),
+            ensure_ascii=False,
+        ).encode()
         decided = dataclasses.replace(
             request,
             # The history and the operator's commands show the call by its tool.

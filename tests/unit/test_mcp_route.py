@@ -113,7 +113,7 @@ def exchange(
         path="/mcp",
         query_string="",
         headers=headers,
-        body=orjson.dumps(body),
+        body=body if isinstance(body, bytes) else orjson.dumps(body),
         request_id="r-1",
     )
 
@@ -150,6 +150,25 @@ def test_the_fingerprinted_body_is_the_tool_and_its_arguments_only() -> None:
     assert first_policy.key_methods == frozenset({"POST"})
     other, _ = exchange(call(1, meta={META_KEY: "k"}, order="o", amount=6)).prepare()
     assert other.body != first.body
+
+
+def test_integers_past_64_bits_are_fingerprinted_and_keyed_exactly() -> None:
+    # Two amounts a double cannot tell apart: each its own fingerprint, and its own key.
+    def raw(amount: str) -> bytes:
+        return (
+            b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"refund",'
+            b'"arguments":{"id":' + amount.encode() + b',"order":"o"}}}'
+        )
+
+    first, _ = exchange(raw("123456789012345678901234567890")).prepare()
+    second, _ = exchange(raw("123456789012345678901234567891")).prepare()
+    assert first.body == (
+        b'{"arguments":{"id":123456789012345678901234567890,"order":"o"},'
+        b'"name":"refund","task":false}'
+    )
+    assert first.body != second.body
+    assert first.header_values("idempotency-key") == ["refund:123456789012345678901234567890"]
+    assert second.header_values("idempotency-key") == ["refund:123456789012345678901234567891"]
 
 
 def test_key_fence_and_entity_come_from_meta_headers_or_the_arguments() -> None:
