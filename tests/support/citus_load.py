@@ -20,6 +20,7 @@ from fencegate.signing import HttpSigner
 PATH = "/v1/charges"
 # The clients' own pace between retries of one key (not a wait for a condition).
 RETRY_PAUSE = 0.05
+CLIENT_TIMEOUT = 30.0
 
 
 @dataclass
@@ -27,6 +28,7 @@ class Seen:
     tenant: str
     status: int
     at: float
+    error: str = ""  # with status 0: what the client saw instead of an answer
 
 
 @dataclass
@@ -40,6 +42,10 @@ class LoadResult:
         self, tenant: str, since: float = 0.0, until: float = float("inf")
     ) -> Counter[int]:
         return Counter(s.status for s in self.seen if s.tenant == tenant and since <= s.at < until)
+
+    def errors(self, tenant: str) -> list[str]:
+        """What the tenant's clients saw where no answer came (status 0)."""
+        return [s.error for s in self.seen if s.tenant == tenant and s.status == 0]
 
 
 class Load:
@@ -77,7 +83,9 @@ class Load:
         signer = self.signers[tenant]
         entity = f"account:{tenant}:{self.run}:{n}"
         fence = 0
-        async with httpx.AsyncClient(base_url=self.base_url, timeout=10) as client:
+        # A client's patience, not a bound of the gateway's (its store deadline is 2 s): on two
+        # shared cores running a whole suite beside this tier, an answer took over 10 s.
+        async with httpx.AsyncClient(base_url=self.base_url, timeout=CLIENT_TIMEOUT) as client:
             while not self._stop.is_set():
                 fence += 1
                 key = f"{tenant}:{self.run}:{n}:{fence}"
@@ -90,12 +98,14 @@ class Load:
                         "Content-Type": "application/json",
                     }
                     signer.sign("POST", self.base_url + PATH, headers, body)
+                    error = ""
                     try:
                         response = await client.post(PATH, headers=headers, content=body)
                         status = response.status_code
-                    except httpx.TransportError:
+                    except httpx.TransportError as exc:
                         status = 0  # no answer: the same key again
-                    self.result.seen.append(Seen(tenant, status, time.monotonic()))
+                        error = f"{type(exc).__name__}: {exc}"
+                    self.result.seen.append(Seen(tenant, status, time.monotonic(), error))
                     if status == 200:
                         self.result.answers[key] = response.json()
                         self.result.tenant_of[key] = tenant

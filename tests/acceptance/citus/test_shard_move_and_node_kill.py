@@ -156,7 +156,7 @@ async def test_a_tenants_shard_moves_while_the_gateway_runs(
         )
     nothing_ran_twice_nothing_lost(load, upstream)
     for tenant in tenants:
-        assert set(result.statuses(tenant)) <= {200, 503}, tenant
+        assert set(result.statuses(tenant)) <= {200, 503}, (tenant, result.errors(tenant))
 
 
 async def test_a_worker_killed_under_load_stops_only_its_tenants(
@@ -208,7 +208,11 @@ async def test_a_worker_killed_under_load_stops_only_its_tenants(
         )
     nothing_ran_twice_nothing_lost(load, upstream)
     for tenant in tenants:
-        assert set(result.statuses(tenant)) <= {200, 503}, (tenant, result.statuses(tenant))
+        assert set(result.statuses(tenant)) <= {200, 503}, (
+            tenant,
+            result.statuses(tenant),
+            result.errors(tenant),
+        )
     # Once the kill has been noticed (a request in flight then may still finish), the dead
     # node's tenants get nothing but 503 until it is back; the others got their answers
     # throughout (the wait above: 20 each while the node was down). On a busy two-core
