@@ -83,8 +83,7 @@ class Load:
         signer = self.signers[tenant]
         entity = f"account:{tenant}:{self.run}:{n}"
         fence = 0
-        # A client's patience, not a bound of the gateway's (its store deadline is 2 s): on two
-        # shared cores running a whole suite beside this tier, an answer took over 10 s.
+        # A client's patience, not a bound of the gateway's (its store deadline is 2 s).
         async with httpx.AsyncClient(base_url=self.base_url, timeout=CLIENT_TIMEOUT) as client:
             while not self._stop.is_set():
                 fence += 1

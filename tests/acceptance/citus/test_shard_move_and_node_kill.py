@@ -175,7 +175,9 @@ async def test_a_worker_killed_under_load_stops_only_its_tenants(
         lambda: all(load.answered(t) >= 10 for t in tenants), timeout=60, what="load under way"
     )
     killed = time.monotonic()
-    victim.kill()
+    # In a thread: these block (pg_ctl -w), and the load's clients share this event loop; a
+    # client frozen between its request's head and body would be answered 408 by the gateway.
+    await asyncio.to_thread(victim.kill)
     try:
         # The tenants on the dead node are refused (503) while the others carry on.
         base = {t: load.answered(t) for t in up}
@@ -189,7 +191,8 @@ async def test_a_worker_killed_under_load_stops_only_its_tenants(
         )
     finally:
         restarting = time.monotonic()
-        victim.start()  # a stale postmaster.pid from the kill is cleared first
+        # A stale postmaster.pid from the kill is cleared first.
+        await asyncio.to_thread(victim.start)
     restarted = time.monotonic()
     resumed = {t: load.answered(t) for t in down}
     await wait_until(
