@@ -726,6 +726,17 @@ def main(argv: list[str] | None = None) -> int:
                 quiet_database,
             ),
             Scenario("fencegate PG, replay", gw_pg.url, "replay", gw_pg.pid, 1.5, up, pg_database),
+            # A worker's retry carries its fence: never answered from the copy (the fence is
+            # checked in the store), but its fence, already accepted, is read, not written.
+            Scenario(
+                "fencegate PG, replay + fence",
+                gw_pg.url,
+                "fenced-replay",
+                gw_pg.pid,
+                None,
+                up,
+                pg_database,
+            ),
             # A replay is answered from the gateway's copy of the answer; its history row is
             # written in a batch every 0.2 s. Without the copy it is a decision in the store
             # (a read and its history row, one commit per batch): what the copy saves.
@@ -784,6 +795,15 @@ def main(argv: list[str] | None = None) -> int:
                 ),
                 Scenario(
                     f"{label}: PG, replay", other.url, "replay", other.pid, None, up, other_database
+                ),
+                Scenario(
+                    f"{label}: PG, replay + fence",
+                    other.url,
+                    "fenced-replay",
+                    other.pid,
+                    None,
+                    up,
+                    other_database,
                 ),
             ]
 

@@ -7,7 +7,9 @@ Modes (the request shape is the same in all three; only the headers differ):
 - ``plain``: no idempotency headers;
 - ``new-keys``: a new ``Idempotency-Key`` on every request, and a fence: each connection
   plays one worker with its own entity and a fence that never goes down;
-- ``replay``: every request repeats one key, so all but the first are replays.
+- ``replay``: every request repeats one key, so all but the first are replays;
+- ``fenced-replay``: the same, with the fence and entity the first request was accepted with
+  (a worker retrying a fenced call).
 """
 
 from __future__ import annotations
@@ -25,6 +27,15 @@ import orjson
 from benchmarks.stats import percentile
 
 BODY = orjson.dumps({"amount": 1250, "currency": "EUR", "customer": "c-1048"})
+REPLAYS = ("replay", "fenced-replay")
+
+
+def replay_headers(mode: str, run_id: str) -> dict[str, str]:
+    """The one key every request of a replay run repeats (with its fence, if fenced)."""
+    headers = {"Idempotency-Key": f"bench:{run_id}:{mode}"}
+    if mode == "fenced-replay":
+        headers |= {"X-Execution-Fence": "1", "X-Execution-Entity": f"bench:{run_id}:replay"}
+    return headers
 
 
 async def _worker(
@@ -53,8 +64,8 @@ async def _worker(
             headers["Idempotency-Key"] = f"bench:{run_id}:{index}:{sequence}"
             headers["X-Execution-Fence"] = str(sequence)
             headers["X-Execution-Entity"] = entity
-        elif mode == "replay":
-            headers["Idempotency-Key"] = f"bench:{run_id}:replay"
+        elif mode in REPLAYS:
+            headers.update(replay_headers(mode, run_id))
         try:
             async with session.post(url, data=BODY, headers=headers) as response:
                 await response.read()
@@ -80,10 +91,10 @@ async def run(
     connector = aiohttp.TCPConnector(limit=concurrency)
     timeout = aiohttp.ClientTimeout(total=30)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        if mode == "replay":
+        if mode in REPLAYS:
             # The first request executes; everything measured afterwards is a replay.
             async with session.post(
-                url, data=BODY, headers={"Idempotency-Key": f"bench:{run_id}:replay"}
+                url, data=BODY, headers=replay_headers(mode, run_id)
             ) as response:
                 await response.read()
         now = time.perf_counter()
@@ -126,7 +137,7 @@ async def run(
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="closed-loop HTTP load generator")
     parser.add_argument("--url", required=True)
-    parser.add_argument("--mode", choices=["plain", "new-keys", "replay"], default="plain")
+    parser.add_argument("--mode", choices=["plain", "new-keys", *REPLAYS], default="plain")
     parser.add_argument("--concurrency", type=int, default=48)
     parser.add_argument("--duration", type=float, default=5.0)
     parser.add_argument("--warmup", type=float, default=1.0)

@@ -116,6 +116,19 @@ def decide_in(
     return decisions
 
 
+def _completed_for(conn: sqlite3.Connection, r: DecideRequest, now: float) -> bool:
+    """Whether ``r`` is a replay: its key completed, unexpired, for the same request."""
+    if r.key is None:
+        return False
+    row = conn.execute(Q.key_get, (r.tenant, r.key)).fetchone()
+    return (
+        row is not None
+        and row["state"] == "completed"
+        and row["expires_at"] > now
+        and row["fingerprint"] == r.fingerprint
+    )
+
+
 def _decide(conn: sqlite3.Connection, r: DecideRequest, now: float) -> Decision:
     # Step 3: the fence, if any. A stale fence changes nothing.
     last: int | None = None
@@ -123,9 +136,13 @@ def _decide(conn: sqlite3.Connection, r: DecideRequest, now: float) -> Decision:
         row = conn.execute(Q.fence_get, (r.tenant, r.entity)).fetchone()
         if row is not None and r.fence < row[0]:
             return Decision(Outcome.STALE, last_accepted=int(row[0]))
-        conn.execute(
-            Q.fence_accept, {"tenant": r.tenant, "entity": r.entity, "fence": r.fence, "now": now}
-        )
+        # As fencegate_step: the fence of a replay that is already the entity's last accepted
+        # is read, not written again.
+        if row is None or r.fence > row[0] or not _completed_for(conn, r, now):
+            conn.execute(
+                Q.fence_accept,
+                {"tenant": r.tenant, "entity": r.entity, "fence": r.fence, "now": now},
+            )
         last = r.fence
     if r.key is None:
         return Decision(Outcome.FENCE_ONLY, last_accepted=last)

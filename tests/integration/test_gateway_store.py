@@ -398,6 +398,57 @@ async def test_a_batch_that_changes_nothing_commits_without_waiting_for_the_disk
     assert await commit_mode_after_step(pg_url, [replay, answer]) == "on"
 
 
+async def fence_row(url: str, entity: str) -> tuple[int, str]:
+    """The entity's last accepted fence, and the transaction that wrote its row's version."""
+    conn = await asyncpg.connect(url)
+    try:
+        row = await conn.fetchrow(
+            "SELECT last_accepted, xmin::text AS xmin FROM fencegate_fences"
+            " WHERE tenant = $1 AND entity = $2",
+            BASE.tenant,
+            entity,
+        )
+    finally:
+        await conn.close()
+    assert row is not None
+    return int(row["last_accepted"]), str(row["xmin"])
+
+
+async def test_a_fenced_replay_whose_fence_is_already_accepted_writes_no_fence(
+    pg_url: str,
+) -> None:
+    """A worker's retry of a completed call carries the fence it was accepted with: it raises
+    nothing and forwards nothing, so the step reads the fence instead of rewriting it, and
+    commits without waiting for the disk. A higher fence on a replay is still raised (and
+    durably), a lower one is still stale, and a new key with the same fence still writes."""
+    fenced = replace(BASE, key="fenced", entity="job:7", fence=3)
+    store = await open_gateway_store(pg_url)
+    try:
+        first = await store.decide(fenced, timeout=T)
+        await store.complete(holder(first.attempt, fenced), RESPONSE, timeout=T)
+        before = await fence_row(pg_url, "job:7")
+        retry = replace(fenced, owner="gw-b")
+        assert await commit_mode_after_step(pg_url, [retry, retry]) == "off"
+        assert await fence_row(pg_url, "job:7") == before  # not even rewritten as it was
+        replayed = await store.decide(retry, timeout=T)
+        assert (replayed.outcome, replayed.last_accepted) == (Outcome.REPLAY, 3)
+        assert replayed.response == RESPONSE
+        assert await fence_row(pg_url, "job:7") == before
+        # Another key with the same fence is forwarded: its fence is written (and locked).
+        assert await commit_mode_after_step(pg_url, [replace(fenced, key="next")]) == "on"
+        assert (await fence_row(pg_url, "job:7"))[1] != before[1]
+        # Another request under the same key is not a replay: its fence is written too.
+        reused = replace(fenced, fingerprint="0" * 64)
+        assert await commit_mode_after_step(pg_url, [reused]) == "on"
+        raised = await store.decide(replace(retry, fence=4), timeout=T)
+        assert (raised.outcome, raised.last_accepted) == (Outcome.REPLAY, 4)
+        assert (await fence_row(pg_url, "job:7"))[0] == 4
+        stale = await store.decide(retry, timeout=T)
+        assert (stale.outcome, stale.last_accepted) == (Outcome.STALE, 4)
+    finally:
+        await store.close()
+
+
 async def test_each_pool_plans_its_statements_as_its_tables_need(pg_url: str) -> None:
     """The gateway's statements are lookups by key, planned once (generic plans); the
     operator's reads filter on optional values (``$1 IS NULL OR state = $1``) and keep a

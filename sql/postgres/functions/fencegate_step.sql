@@ -18,12 +18,15 @@ DECLARE
     n integer := coalesce(cardinality(p_decides), 0);
     v_stale boolean[] := array_fill(false, ARRAY[n]);
     v_last bigint[] := array_fill(NULL::bigint, ARRAY[n]);
+    -- Fences accepted without a write: equal to the one accepted, on a replay.
+    v_unwritten boolean[] := array_fill(false, ARRAY[n]);
     v_d fencegate_decide_step;
     v_c fencegate_record_step;
     v_row fencegate_idempotency_keys%ROWTYPE;
     v_step record;
     v_fence bigint;
     v_found boolean;
+    v_raised boolean;
     v_inserted boolean;
     i integer;
     v_deadline timestamptz;
@@ -58,10 +61,32 @@ BEGIN
         v_d := p_decides[i];
         -- The entity usually has a row already: a plain UPDATE is the cheapest way to raise
         -- it (it waits for a concurrent writer of the row, then checks the newest version).
+        -- Not a retry of a completed key with the fence already accepted (the usual fenced
+        -- replay): that one raises nothing, forwards nothing, and is only read (below), so
+        -- that a batch of such replays writes no fence and need not wait for the disk.
         UPDATE fencegate_fences f SET last_accepted = v_d.fence, updated_at = v_now
         WHERE f.tenant = v_d.tenant AND f.entity = v_d.entity
-            AND f.last_accepted <= v_d.fence;
-        IF NOT FOUND THEN
+            AND f.last_accepted <= v_d.fence
+            AND NOT (f.last_accepted = v_d.fence AND v_d.key IS NOT NULL AND EXISTS (
+                SELECT 1 FROM fencegate_idempotency_keys k
+                WHERE k.tenant = v_d.tenant AND k.key = v_d.key AND k.state = 'completed'
+                    AND k.expires_at > v_now AND k.fingerprint = v_d.fingerprint));
+        v_raised := FOUND;
+        IF NOT v_raised AND v_d.key IS NOT NULL THEN
+            SELECT f.last_accepted INTO v_fence
+            FROM fencegate_fences f WHERE f.tenant = v_d.tenant AND f.entity = v_d.entity;
+            IF FOUND AND v_fence = v_d.fence AND EXISTS (
+                SELECT 1 FROM fencegate_idempotency_keys k
+                WHERE k.tenant = v_d.tenant AND k.key = v_d.key AND k.state = 'completed'
+                    AND k.expires_at > v_now AND k.fingerprint = v_d.fingerprint) THEN
+                -- Accepted as it stands; the key is read as a replay below (a completed key
+                -- changes only when it expires: v_now is this whole step's clock).
+                v_unwritten[i] := true;
+                v_last[i] := v_d.fence;
+                CONTINUE;
+            END IF;
+        END IF;
+        IF NOT v_raised THEN
             -- A new entity, or a stale fence: the upsert decides atomically, and leaves the
             -- row locked either way.
             INSERT INTO fencegate_fences AS f (tenant, entity, last_accepted, updated_at)
@@ -142,96 +167,109 @@ BEGIN
             END IF;
 
             -- Step 4 (its fence, if any, accepted above). Most keys are new: try to reserve
-            -- first.
-            v_clock := clock_timestamp();
-            INSERT INTO fencegate_idempotency_keys AS k (
-                tenant, key, fingerprint, state, owner, locked_until, attempt, entity, fence,
-                created_at, reserved_at, expires_at, method, target, request_body,
-                reconcile_after)
-            VALUES (
-                v_d.tenant, v_d.key, v_d.fingerprint, 'in_flight', v_d.owner,
-                v_clock + make_interval(secs => v_d.lease_seconds), 1, v_d.entity,
-                v_d.fence, v_now, v_clock,
-                v_now + make_interval(secs => v_d.ttl_seconds), v_d.method, v_d.target,
-                CASE WHEN v_d.reconcile THEN v_d.request_body END,
-                CASE WHEN v_d.reconcile THEN v_now END)
-            ON CONFLICT (tenant, key) DO NOTHING;
-            IF FOUND THEN
-                d_outcome := 'reserved';
-                d_attempt := 1;
-                EXIT one_step;
-            END IF;
+            -- first (not a replay found above: its key is read).
+            IF v_unwritten[i] THEN
+                SELECT * INTO v_row FROM fencegate_idempotency_keys k
+                WHERE k.tenant = v_d.tenant AND k.key = v_d.key;
+                IF NOT (FOUND AND v_row.state = 'completed'
+                        AND v_row.fingerprint = v_d.fingerprint) THEN
+                    -- Gone since (an expired key purged): its fence was never locked, so
+                    -- nothing may be decided on it; the whole step is retried.
+                    RAISE EXCEPTION 'idempotency key % changed during the step', v_d.key
+                        USING ERRCODE = '40001';
+                END IF;
+            ELSE
+                v_clock := clock_timestamp();
+                INSERT INTO fencegate_idempotency_keys AS k (
+                    tenant, key, fingerprint, state, owner, locked_until, attempt, entity, fence,
+                    created_at, reserved_at, expires_at, method, target, request_body,
+                    reconcile_after)
+                VALUES (
+                    v_d.tenant, v_d.key, v_d.fingerprint, 'in_flight', v_d.owner,
+                    v_clock + make_interval(secs => v_d.lease_seconds), 1, v_d.entity,
+                    v_d.fence, v_now, v_clock,
+                    v_now + make_interval(secs => v_d.ttl_seconds), v_d.method, v_d.target,
+                    CASE WHEN v_d.reconcile THEN v_d.request_body END,
+                    CASE WHEN v_d.reconcile THEN v_now END)
+                ON CONFLICT (tenant, key) DO NOTHING;
+                IF FOUND THEN
+                    d_outcome := 'reserved';
+                    d_attempt := 1;
+                    EXIT one_step;
+                END IF;
 
-            -- Answers that change nothing (replay, key reused, in flight) are read without a row
-            -- lock: many copies of one key must not queue behind each other for a replay.
-            SELECT * INTO v_row FROM fencegate_idempotency_keys k
-            WHERE k.tenant = v_d.tenant AND k.key = v_d.key;
-            v_found := FOUND;
-            IF NOT (v_found AND v_row.expires_at > v_now
-                    AND (v_row.fingerprint <> v_d.fingerprint OR v_row.state = 'completed'
-                         OR (v_row.state = 'in_flight' AND v_row.locked_until > v_now)
-                         OR NOT v_d.retry_unknown)) THEN
-                -- The row has to change (or is gone): lock it. A concurrent release can delete
-                -- it between the insert and the lock: try again.
-                v_found := false;
-                v_inserted := false;
-                FOR attempt IN 1..5 LOOP
-                    v_clock := clock_timestamp();
-                    INSERT INTO fencegate_idempotency_keys AS k (
-                        tenant, key, fingerprint, state, owner, locked_until, attempt, entity,
-                        fence, created_at, reserved_at, expires_at, method, target,
-                        request_body, reconcile_after)
-                    VALUES (
-                        v_d.tenant, v_d.key, v_d.fingerprint, 'in_flight', v_d.owner,
-                        v_clock + make_interval(secs => v_d.lease_seconds), 1,
-                        v_d.entity, v_d.fence, v_now, v_clock,
-                        v_now + make_interval(secs => v_d.ttl_seconds), v_d.method,
-                        v_d.target, CASE WHEN v_d.reconcile THEN v_d.request_body END,
-                        CASE WHEN v_d.reconcile THEN v_now END)
-                    ON CONFLICT (tenant, key) DO NOTHING;
-                    IF FOUND THEN
-                        v_inserted := true;
-                        EXIT;
+                -- Answers that change nothing (replay, key reused, in flight) are read without a row
+                -- lock: many copies of one key must not queue behind each other for a replay.
+                SELECT * INTO v_row FROM fencegate_idempotency_keys k
+                WHERE k.tenant = v_d.tenant AND k.key = v_d.key;
+                v_found := FOUND;
+                IF NOT (v_found AND v_row.expires_at > v_now
+                        AND (v_row.fingerprint <> v_d.fingerprint OR v_row.state = 'completed'
+                             OR (v_row.state = 'in_flight' AND v_row.locked_until > v_now)
+                             OR NOT v_d.retry_unknown)) THEN
+                    -- The row has to change (or is gone): lock it. A concurrent release can delete
+                    -- it between the insert and the lock: try again.
+                    v_found := false;
+                    v_inserted := false;
+                    FOR attempt IN 1..5 LOOP
+                        v_clock := clock_timestamp();
+                        INSERT INTO fencegate_idempotency_keys AS k (
+                            tenant, key, fingerprint, state, owner, locked_until, attempt, entity,
+                            fence, created_at, reserved_at, expires_at, method, target,
+                            request_body, reconcile_after)
+                        VALUES (
+                            v_d.tenant, v_d.key, v_d.fingerprint, 'in_flight', v_d.owner,
+                            v_clock + make_interval(secs => v_d.lease_seconds), 1,
+                            v_d.entity, v_d.fence, v_now, v_clock,
+                            v_now + make_interval(secs => v_d.ttl_seconds), v_d.method,
+                            v_d.target, CASE WHEN v_d.reconcile THEN v_d.request_body END,
+                            CASE WHEN v_d.reconcile THEN v_now END)
+                        ON CONFLICT (tenant, key) DO NOTHING;
+                        IF FOUND THEN
+                            v_inserted := true;
+                            EXIT;
+                        END IF;
+                        SELECT * INTO v_row FROM fencegate_idempotency_keys k
+                        WHERE k.tenant = v_d.tenant AND k.key = v_d.key
+                        FOR UPDATE;
+                        IF FOUND THEN
+                            v_found := true;
+                            EXIT;
+                        END IF;
+                    END LOOP;
+                    IF v_inserted THEN
+                        d_outcome := 'reserved';
+                        d_attempt := 1;
+                        EXIT one_step;
                     END IF;
-                    SELECT * INTO v_row FROM fencegate_idempotency_keys k
-                    WHERE k.tenant = v_d.tenant AND k.key = v_d.key
-                    FOR UPDATE;
-                    IF FOUND THEN
-                        v_found := true;
-                        EXIT;
+                    IF NOT v_found THEN
+                        RAISE EXCEPTION 'idempotency key % kept changing under concurrent updates',
+                            v_d.key USING ERRCODE = '40001';
                     END IF;
-                END LOOP;
-                IF v_inserted THEN
-                    d_outcome := 'reserved';
-                    d_attempt := 1;
-                    EXIT one_step;
+                    IF v_row.expires_at <= v_now THEN
+                        -- Expired but not yet purged: the key is free again (its row locked
+                        -- above: the lease starts now).
+                        v_clock := clock_timestamp();
+                        UPDATE fencegate_idempotency_keys k
+                        SET fingerprint = v_d.fingerprint, state = 'in_flight', owner = v_d.owner,
+                            locked_until = v_clock + make_interval(secs => v_d.lease_seconds),
+                            attempt = 1, entity = v_d.entity, fence = v_d.fence,
+                            response_status = NULL, response_headers = NULL, response_body = NULL,
+                            response_sha256 = NULL, body_too_large = false, created_at = v_now,
+                            reserved_at = v_clock, completed_at = NULL,
+                            expires_at = v_now + make_interval(secs => v_d.ttl_seconds),
+                            method = v_d.method, target = v_d.target,
+                            request_body = CASE WHEN v_d.reconcile THEN v_d.request_body END,
+                            reconcile_after = CASE WHEN v_d.reconcile THEN v_now END,
+                            unknown_reason = NULL, resolution = NULL, reconcile_tries = 0,
+                            reconcile_note = NULL
+                        WHERE k.tenant = v_d.tenant AND k.key = v_d.key;
+                        d_outcome := 'reserved';
+                        d_attempt := 1;
+                        EXIT one_step;
+                    END IF;
                 END IF;
-                IF NOT v_found THEN
-                    RAISE EXCEPTION 'idempotency key % kept changing under concurrent updates',
-                        v_d.key USING ERRCODE = '40001';
-                END IF;
-                IF v_row.expires_at <= v_now THEN
-                    -- Expired but not yet purged: the key is free again (its row locked
-                    -- above: the lease starts now).
-                    v_clock := clock_timestamp();
-                    UPDATE fencegate_idempotency_keys k
-                    SET fingerprint = v_d.fingerprint, state = 'in_flight', owner = v_d.owner,
-                        locked_until = v_clock + make_interval(secs => v_d.lease_seconds),
-                        attempt = 1, entity = v_d.entity, fence = v_d.fence,
-                        response_status = NULL, response_headers = NULL, response_body = NULL,
-                        response_sha256 = NULL, body_too_large = false, created_at = v_now,
-                        reserved_at = v_clock, completed_at = NULL,
-                        expires_at = v_now + make_interval(secs => v_d.ttl_seconds),
-                        method = v_d.method, target = v_d.target,
-                        request_body = CASE WHEN v_d.reconcile THEN v_d.request_body END,
-                        reconcile_after = CASE WHEN v_d.reconcile THEN v_now END,
-                        unknown_reason = NULL, resolution = NULL, reconcile_tries = 0,
-                        reconcile_note = NULL
-                    WHERE k.tenant = v_d.tenant AND k.key = v_d.key;
-                    d_outcome := 'reserved';
-                    d_attempt := 1;
-                    EXIT one_step;
-                END IF;
+
             END IF;
 
             -- v_row is current: read without a lock above, or locked.
@@ -287,7 +325,7 @@ BEGIN
         -- answer recorded) writes only its history rows (below).
         v_changed := v_changed OR v_step.record
             OR d_outcome NOT IN ('replay', 'mismatch', 'in_flight', 'unknown', 'pending')
-            OR v_d.fence IS NOT NULL;
+            OR (v_d.fence IS NOT NULL AND NOT v_unwritten[i]);
         IF p_history AND (NOT v_step.record OR d_outcome = 'completed') THEN
             v_row_history := NULL;
             v_row_history.decision := d_outcome;
