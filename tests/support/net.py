@@ -189,6 +189,7 @@ class SlowPath:
         self._closed = False
         self._lock = threading.Lock()
         self._sockets: list[socket.socket] = []
+        self.accepted = 0  # connections taken so far
         threading.Thread(target=self._accept_loop, daemon=True).start()
 
     def __enter__(self) -> SlowPath:
@@ -224,6 +225,7 @@ class SlowPath:
             server.settimeout(None)
             with self._lock:
                 self._sockets += [client, server]
+                self.accepted += 1
             held: queue.Queue[tuple[float, bytes]] = queue.Queue()
             for job, args in (
                 (self._read_held, (client, held)),

@@ -62,7 +62,8 @@ class _Notifications:
     def __init__(self, db: PgDatabase) -> None:
         self._db = db
         self._conn: asyncpg.Connection | None = None
-        self._connecting: asyncio.Lock | None = None
+        # The listener being set up, shared by every waiter meanwhile.
+        self._connecting: asyncio.Task[asyncpg.Connection] | None = None
         self._sequence = 0
         self._kind_sequence: dict[str, int] = {}
         self._seen: dict[frozenset[str] | None, int] = {}
@@ -95,16 +96,22 @@ class _Notifications:
         """True when a new listener was set up (notifications may have been missed)."""
         if self._conn is not None and not self._conn.is_closed():
             return False
-        if self._connecting is None:
-            self._connecting = asyncio.Lock()
-        async with self._connecting:
-            if self._conn is not None and not self._conn.is_closed():
-                return False
-            self._conn = await self._db.listen(
-                CHANNEL, self._on_notify, on_terminate=self._on_terminate, timeout=timeout
-            )
-            self._last_heard = time.monotonic()
-            return True
+        if self._connecting is None or self._connecting.done():
+            self._connecting = asyncio.get_running_loop().create_task(self._connect(timeout))
+            self._connecting.add_done_callback(_retrieved)
+        # Shielded: a worker cancels its wait whenever a slot frees, often before a new
+        # connection is up; the set-up goes on for the next waiter instead of being dropped
+        # half-way (a server process started for nothing, every time).
+        await asyncio.shield(self._connecting)
+        return True
+
+    async def _connect(self, timeout: float) -> asyncpg.Connection:
+        conn = await self._db.listen(
+            CHANNEL, self._on_notify, on_terminate=self._on_terminate, timeout=timeout
+        )
+        self._conn = conn
+        self._last_heard = time.monotonic()
+        return conn
 
     async def wait(self, kinds: Sequence[str] | None, *, timeout: float) -> bool:
         if self._db.transaction_pooling:
@@ -156,6 +163,10 @@ class _Notifications:
         self._probe = asyncio.get_running_loop().create_task(probe())
 
     async def close(self) -> None:
+        if self._connecting is not None and not self._connecting.done():
+            self._connecting.cancel()
+            with contextlib.suppress(BaseException):
+                await self._connecting
         if self._probe is not None:
             self._probe.cancel()
             with contextlib.suppress(BaseException):
@@ -166,6 +177,12 @@ class _Notifications:
                 await asyncio.wait_for(conn.close(), 2.0)
             except BaseException:
                 conn.terminate()
+
+
+def _retrieved(task: asyncio.Task[Any]) -> None:
+    # Its failure is each waiter's to see; with none left, it is not an unhandled error.
+    if not task.cancelled():
+        task.exception()
 
 
 def _key(kinds: Sequence[str] | None) -> frozenset[str] | None:

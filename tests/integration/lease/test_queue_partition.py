@@ -15,7 +15,8 @@ import pytest
 
 from fencegate.lease import LeaseQueue, StoreUnavailable
 from fencegate.store.dburl import parse_database_url
-from tests.support.net import TcpRelay
+from tests.support.net import SlowPath, TcpRelay
+from tests.support.waits import wait_until
 
 TIMEOUT = 1.0
 # Generous on a shared machine; the point is "comes back", not "comes back fast".
@@ -140,3 +141,35 @@ async def test_locked_sqlite_store(sqlite_url: str) -> None:
         assert await queue.complete(lease, "done") is True
     finally:
         await queue.close()
+
+
+async def test_a_wait_cancelled_while_its_listener_connects_leaves_the_connection_to_the_next(
+    pg_url: str,
+) -> None:
+    """A Worker cancels its wait for work whenever a slot frees, often while the listening
+    connection is still being set up. The set-up goes on and the next wait uses it: one
+    connection made, not one per cancelled wait, and no abandoned connection attempt."""
+    parts = urlsplit(pg_url)
+    with SlowPath(parts.hostname or "127.0.0.1", parts.port or 5432) as path:
+        user = f"{parts.username}@" if parts.username else ""
+        url = urlunsplit((parts.scheme, f"{user}127.0.0.1:{path.port}", parts.path, "", ""))
+        queue = await LeaseQueue.connect(url, timeout=10, pool_max_size=2)
+        unhandled: list[dict[str, Any]] = []
+        asyncio.get_running_loop().set_exception_handler(
+            lambda _, context: unhandled.append(context)
+        )
+        try:
+            await queue.enqueue("create_case", {"n": 1})  # the pool's connection is up
+            before = path.accepted
+            path.hold = 0.2  # each round trip of the set-up now takes a while
+            first = asyncio.create_task(queue.wait_for_work(["create_case"], timeout=30))
+            await wait_until(lambda: path.accepted > before, timeout=10, what="a connect")
+            first.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await first
+            assert await queue.wait_for_work(["create_case"], timeout=30) is True
+            assert path.accepted == before + 1
+        finally:
+            path.hold = 0.0
+            await asyncio.wait_for(queue.close(), 20)
+        assert unhandled == []
