@@ -418,9 +418,9 @@ async def test_a_fenced_replay_whose_fence_is_already_accepted_writes_no_fence(
     pg_url: str,
 ) -> None:
     """A worker's retry of a completed call carries the fence it was accepted with: it raises
-    nothing and forwards nothing, so the step reads the fence instead of rewriting it, and
-    commits without waiting for the disk. A higher fence on a replay is still raised (and
-    durably), a lower one is still stale, and a new key with the same fence still writes."""
+    nothing and forwards nothing, so the step reads the fence instead of rewriting it. A new
+    key with the same fence, or another request under the same key, still writes (and locks)
+    it; a higher fence on a replay is still raised, a lower one is still stale."""
     fenced = replace(BASE, key="fenced", entity="job:7", fence=3)
     store = await open_gateway_store(pg_url)
     try:
@@ -428,18 +428,17 @@ async def test_a_fenced_replay_whose_fence_is_already_accepted_writes_no_fence(
         await store.complete(holder(first.attempt, fenced), RESPONSE, timeout=T)
         before = await fence_row(pg_url, "job:7")
         retry = replace(fenced, owner="gw-b")
-        assert await commit_mode_after_step(pg_url, [retry, retry]) == "off"
-        assert await fence_row(pg_url, "job:7") == before  # not even rewritten as it was
         replayed = await store.decide(retry, timeout=T)
         assert (replayed.outcome, replayed.last_accepted) == (Outcome.REPLAY, 3)
         assert replayed.response == RESPONSE
-        assert await fence_row(pg_url, "job:7") == before
-        # Another key with the same fence is forwarded: its fence is written (and locked).
-        assert await commit_mode_after_step(pg_url, [replace(fenced, key="next")]) == "on"
-        assert (await fence_row(pg_url, "job:7"))[1] != before[1]
-        # Another request under the same key is not a replay: its fence is written too.
-        reused = replace(fenced, fingerprint="0" * 64)
-        assert await commit_mode_after_step(pg_url, [reused]) == "on"
+        assert await fence_row(pg_url, "job:7") == before  # not even rewritten as it was
+        reserved = await store.decide(replace(fenced, key="next"), timeout=T)
+        assert (reserved.outcome, reserved.last_accepted) == (Outcome.RESERVED, 3)
+        written = await fence_row(pg_url, "job:7")
+        assert written[1] != before[1]
+        reused = await store.decide(replace(retry, fingerprint="0" * 64), timeout=T)
+        assert reused.outcome is Outcome.MISMATCH
+        assert (await fence_row(pg_url, "job:7"))[1] != written[1]
         raised = await store.decide(replace(retry, fence=4), timeout=T)
         assert (raised.outcome, raised.last_accepted) == (Outcome.REPLAY, 4)
         assert (await fence_row(pg_url, "job:7"))[0] == 4
@@ -447,6 +446,23 @@ async def test_a_fenced_replay_whose_fence_is_already_accepted_writes_no_fence(
         assert (stale.outcome, stale.last_accepted) == (Outcome.STALE, 4)
     finally:
         await store.close()
+
+
+async def test_a_batch_of_fenced_replays_commits_without_waiting_for_the_disk(
+    pg_url: str,
+) -> None:
+    """Fenced replays whose fence is already accepted change nothing: their batch's commit
+    may be asynchronous, unlike one that also reserves a key with that fence."""
+    fenced = replace(BASE, key="fenced", entity="job:7", fence=3)
+    store = await open_gateway_store(pg_url)
+    try:
+        first = await store.decide(fenced, timeout=T)
+        await store.complete(holder(first.attempt, fenced), RESPONSE, timeout=T)
+    finally:
+        await store.close()
+    retry = replace(fenced, owner="gw-b")
+    assert await commit_mode_after_step(pg_url, [retry, retry]) == "off"
+    assert await commit_mode_after_step(pg_url, [retry, replace(fenced, key="next")]) == "on"
 
 
 async def test_each_pool_plans_its_statements_as_its_tables_need(pg_url: str) -> None:
