@@ -50,8 +50,9 @@ from fencegate.store.dburl import parse_database_url
 DEFAULT_TIMEOUT = 10.0
 
 
-# Items per coalesced statement, and statements of one kind in flight at once: two, so that
-# a batch fills up while the previous one is on the wire.
+# Items per coalesced statement, and statements of one kind in flight at once: one, so that
+# a batch fills up while the previous one is on the wire (and the completions can keep one
+# connection between their batches).
 BATCH_MAX = 64
 BATCH_IN_FLIGHT = 1
 

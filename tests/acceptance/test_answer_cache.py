@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import base64
 import re
-import subprocess
-import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,8 +20,9 @@ import pytest
 
 from fencegate.signing import HttpSigner
 from tests.support.gateway import GatewayProcess
-from tests.support.processes import child_env
+from tests.support.processes import fencegate
 from tests.support.upstream import UpstreamProcess
+from tests.support.waits import wait_until_sync
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -35,17 +33,6 @@ BODY = b'{"amount": 100}'
 def upstream() -> Iterator[UpstreamProcess]:
     with UpstreamProcess() as process:
         yield process
-
-
-def fencegate(*args: str) -> subprocess.CompletedProcess[str]:
-    """An operator's command, in its own process."""
-    return subprocess.run(
-        [sys.executable, "-m", "fencegate.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=child_env(),
-    )
 
 
 def metric(client: httpx.Client, name: str, labels: str = "") -> float:
@@ -62,17 +49,6 @@ def history(url: str, key: str, tenant: str = "default") -> list[dict[str, Any]]
     done = fencegate("keys", "show", key, "--tenant", tenant, "--database-url", url, "--json")
     assert done.returncode == 0, done.stderr
     return list(orjson.loads(done.stdout)["history"])
-
-
-def wait_for(condition: Any, what: str, timeout: float = 20.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout:g}s: {what}")
-        time.sleep(0.05)
 
 
 def test_replays_come_from_the_copy_and_keep_their_history(
@@ -94,9 +70,11 @@ def test_replays_come_from_the_copy_and_keep_their_history(
             assert metric(client, DECIDES, '{operation="decide"}') == decides
     assert upstream.count(key) == 1
     # Each replay's history row arrives, written in the background (and on the clean stop).
-    rows = wait_for(
-        lambda: [r for r in history(store_url, key) if r["what"] == "replay"] or None,
-        "the replays' history rows",
+    rows = wait_until_sync(
+        lambda: [r for r in history(store_url, key) if r["what"] == "replay"],
+        timeout=20,
+        what="the replays' history rows",
+        interval=0.05,
     )
     assert len(rows) == 3
 
@@ -156,7 +134,12 @@ def test_a_copy_ends_with_its_key(upstream: UpstreamProcess, store_url: str) -> 
             assert send().headers["idempotent-replayed"] == "true"
             assert metric(client, HITS) == 1.0
             # Once the key expired the request runs again (the copy did not outlive it).
-            wait_for(lambda: "idempotent-replayed" not in send().headers, "a second execution")
+            wait_until_sync(
+                lambda: "idempotent-replayed" not in send().headers,
+                timeout=20,
+                what="a second execution",
+                interval=0.05,
+            )
     assert upstream.count(key) == 2
 
 

@@ -5,6 +5,7 @@ client over streamable HTTP, on both stores."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -22,7 +23,7 @@ from tests.acceptance.test_traces import OtlpReceiver
 from tests.support.gateway import GatewayProcess
 from tests.support.mcp_server import McpServerProcess
 from tests.support.net import TcpRelay
-from tests.support.waits import wait_until_sync
+from tests.support.waits import wait_until, wait_until_sync
 
 CONFIG = """
 [[routes]]
@@ -409,16 +410,15 @@ async def test_a_task_creating_call_is_deduplicated_and_tasks_pass_through(
         reused = await post_rpc(http, url, 3, "tools/call", plain)
         assert reused.json()["error"]["code"] == ERROR_CODES["key-reused"]
 
-        status = "working"
-        for rid in range(10, 200):
+        polls = itertools.count(10)
+
+        async def completed() -> bool:
             got = await post_rpc(
-                http, url, rid, "tasks/get", {"taskId": task_id, "_meta": MODERN_META}
+                http, url, next(polls), "tasks/get", {"taskId": task_id, "_meta": MODERN_META}
             )
-            status = got.json()["result"]["status"]
-            if status == "completed":
-                break
-            await asyncio.sleep(0.05)
-        assert status == "completed"
+            return bool(got.json()["result"]["status"] == "completed")
+
+        await wait_until(completed, timeout=15, what="the task completed", interval=0.05)
         result = await post_rpc(
             http, url, 300, "tasks/result", {"taskId": task_id, "_meta": MODERN_META}
         )

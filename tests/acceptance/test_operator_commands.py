@@ -5,8 +5,6 @@ answers "who sent these two requests, with which token, and which one was fenced
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 from typing import Any
 
 import orjson
@@ -14,20 +12,10 @@ import pytest
 
 from fencegate.lease import LeaseQueue
 from fencegate.store.inspect import Inspector
-from tests.support.processes import child_env
+from tests.support.processes import fencegate
 from tests.support.stories import two_workers_one_fenced_off
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def fencegate(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "fencegate.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=child_env(),
-    )
 
 
 def ok_json(*args: str) -> Any:

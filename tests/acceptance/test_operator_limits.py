@@ -11,8 +11,8 @@ import pytest
 
 from fencegate.console.app import create_console_app
 from fencegate.lease import LeaseQueue, RateLimit, WorkClass
-from tests.acceptance.test_operator_commands import fencegate
 from tests.integration.test_console import ORIGIN, TOKENS, sign_in
+from tests.support.processes import fencegate
 
 pytestmark = pytest.mark.timeout(120)
 

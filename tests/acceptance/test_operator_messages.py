@@ -21,7 +21,7 @@ from fencegate.store import open_gateway_store
 from tests.support import postgres
 from tests.support.asgi import call
 from tests.support.echo_app import EchoApp
-from tests.support.processes import child_env
+from tests.support.processes import child_env, fencegate
 from tests.support.stories import (
     LEASE_EXPIRED_BODY,
     gateway_stopped_in_flight,
@@ -30,17 +30,6 @@ from tests.support.stories import (
 )
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def fencegate(*args: str, cwd: Path | None = None, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "fencegate.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=child_env(env),
-        cwd=cwd,
-    )
 
 
 def one_clear_line(done: subprocess.CompletedProcess[str]) -> str:

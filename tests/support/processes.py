@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,19 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env.update(extra or {})
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
     return env
+
+
+def fencegate(*args: str, cwd: Path | None = None, **env: str) -> subprocess.CompletedProcess[str]:
+    """An operator's command (``fencegate ARGS``), in its own process, with ``env`` added to
+    the environment."""
+    return subprocess.run(
+        [sys.executable, "-m", "fencegate.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=child_env(env),
+        cwd=cwd,
+    )
 
 
 def stop_process(proc: subprocess.Popen[Any], *, timeout: float) -> None:

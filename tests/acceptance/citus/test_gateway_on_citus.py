@@ -7,8 +7,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +19,7 @@ from fencegate.lease import LeaseQueue
 from fencegate.signing import HttpSigner
 from fencegate.store.inspect import Inspector
 from tests.support.gateway import GatewayProcess
-from tests.support.processes import child_env
+from tests.support.processes import fencegate
 from tests.support.upstream import UpstreamProcess
 
 TENANTS = ("acme", "globex", "initech", "umbrella")
@@ -71,16 +69,6 @@ def signed(
     }
     SIGNERS[tenant].sign("POST", str(client.base_url) + PATH, headers, body)
     return client.post(PATH, headers=headers, content=body)
-
-
-def fencegate(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "fencegate.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=child_env({}),
-    )
 
 
 def test_signed_tenants_get_the_http_contract_each_on_its_own_rows(

@@ -17,10 +17,10 @@ import pytest
 from fencegate.errors import StoreUnavailable
 from fencegate.lease import JobContext, LeaseQueue
 from fencegate.store import Outcome, open_gateway_store
-from tests.acceptance.test_operator_commands import fencegate
 from tests.integration.test_gateway_store import BASE
 from tests.support import postgres
 from tests.support.gateway import GatewayProcess
+from tests.support.processes import fencegate
 from tests.support.topology import PgBouncer
 from tests.support.upstream import UpstreamProcess
 from tests.support.workers import SHORT, make_worker
