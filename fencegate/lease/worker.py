@@ -283,6 +283,14 @@ class Worker:
             4 * self.concurrency - len(self._running),
         )
 
+    def _worth_claiming(self) -> bool:
+        """Whether to claim now: only once half a concurrency of leases is free (one, for a
+        worker of concurrency 1). Below that, more than half a concurrency of leases still
+        waits for a tool slot (or the commits are behind), so no slot can idle meanwhile;
+        and a claim of one or two jobs costs a whole round trip (a worker of concurrency 10
+        running short jobs claimed 19, then 1, then 19, in turn)."""
+        return self._free_slots() >= (self.concurrency + 1) // 2
+
     async def _claim_loop(self, *, until_idle: bool) -> None:
         assert self.queue is not None and self._stopping is not None
         stop_wait = asyncio.ensure_future(self._stopping.wait())
@@ -290,7 +298,7 @@ class Worker:
             while not self._stopping.is_set():
                 free = self._free_slots()
                 claimed: list[Lease] = []
-                if free > 0:
+                if self._worth_claiming():
                     sent_at = time.monotonic()
                     try:
                         claimed = await self.queue.claim(
@@ -302,7 +310,7 @@ class Worker:
                     # A batch comes back in job id order; the higher priorities start first.
                     for lease in sorted(claimed, key=lambda lease: -lease.priority):
                         self._launch(lease, sent_at)
-                if claimed and self._free_slots() > 0:
+                if claimed and self._worth_claiming():
                     continue  # there may be more ready work right now
                 if until_idle and not claimed and not self._running:
                     return
@@ -318,7 +326,9 @@ class Worker:
         # instead would add and remove a callback on each of them at every turn of this loop.
         waiters: set[asyncio.Future[Any]] = {stop_wait, slot}
         listener: asyncio.Task[Any] | None = None
-        if self._free_slots() > 0:
+        # Not while too few leases are free to claim: news of work would wake this loop for
+        # nothing, again and again (the notification stays unseen until the next claim).
+        if self._worth_claiming():
             listener = asyncio.ensure_future(self._wait_for_work())
             waiters.add(listener)
         try:

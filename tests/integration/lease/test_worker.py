@@ -421,6 +421,28 @@ async def test_a_plain_function_tool_runs_without_a_task_of_its_own(
     assert created < jobs * 3 // 2, f"{created} tasks for {jobs} jobs"
 
 
+async def test_a_worker_claims_in_batches_not_one_job_at_a_time(
+    store_url: str, queue: LeaseQueue
+) -> None:
+    """A worker claims again only once half its concurrency of leases is free: every claim
+    costs a round trip, and one worker of concurrency 10 running short jobs used to claim
+    19 jobs, then 1, then 19, in turn."""
+    jobs = 400
+    await queue.enqueue_many([{"kind": "plain", "payload": n, **SHORT} for n in range(jobs)])
+    limits: list[int] = []
+    claim = queue.claim
+
+    async def recorded(*args: Any, **kwargs: Any) -> list[Lease]:
+        limits.append(kwargs["limit"])
+        return await claim(*args, **kwargs)
+
+    queue.claim = recorded  # type: ignore[method-assign]
+    worker = make_worker(queue, {"plain": lambda job: job.payload}, concurrency=10)
+    await asyncio.wait_for(worker.run_until_idle(), 60)
+    assert len(worker.events.named("result_committed")) == jobs
+    assert min(limits) >= 5, f"claims asked for {sorted(limits)[:10]}..."
+
+
 async def test_a_plain_function_may_return_an_awaitable_or_raise(
     store_url: str, queue: LeaseQueue
 ) -> None:
