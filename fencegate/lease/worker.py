@@ -377,9 +377,10 @@ class Worker:
         self._news()
 
     def _news(self) -> None:
-        """Wake the claim loop: a slot freed, or a job ended."""
+        """Wake the claim loop (a slot freed, or a job ended) once enough leases are free to
+        claim: waking it for less would only send it back to wait, at every job's end."""
         slot = self._slot_freed
-        if slot is not None and not slot.done():
+        if slot is not None and not slot.done() and self._worth_claiming():
             slot.set_result(None)
 
     def _refuse_waiting(self) -> None:
