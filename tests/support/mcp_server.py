@@ -27,7 +27,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 import uuid
 from datetime import UTC, datetime
@@ -46,6 +45,7 @@ from starlette.responses import JSONResponse
 
 from tests.support.net import free_port, wait_for_port
 from tests.support.processes import REPO_ROOT, child_env, stop_process
+from tests.support.waits import wait_until
 
 
 class Tasks(Extension):
@@ -183,12 +183,17 @@ class McpServerProcess:
         return await asyncio.to_thread(self.count, order)
 
     async def await_count(self, order: str, expected: int, *, timeout: float = 15.0) -> int:
-        deadline = time.monotonic() + timeout
-        seen = await self.acount(order)
-        while seen < expected and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+        """Wait until ``charge`` ran at least ``expected`` times for this order; the count."""
+
+        async def reached() -> int:
             seen = await self.acount(order)
-        return seen
+            return seen if seen >= expected else 0
+
+        return int(
+            await wait_until(
+                reached, timeout=timeout, what=f"{expected} charges of {order}", interval=0.05
+            )
+        )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -19,6 +19,7 @@ import pytest
 
 from fencegate.store.migrations import migrate
 from tests.support.citus import CitusCluster, missing_citus
+from tests.support.tiers import needs
 
 DATABASE = "fencegate"
 
@@ -41,8 +42,7 @@ TABLES = (
 @pytest.fixture(scope="session")
 def citus_cluster() -> Iterator[CitusCluster]:
     reason = missing_citus()
-    if reason:
-        pytest.skip(reason)
+    needs(reason, "citus")
     cluster = CitusCluster(workers=2)
     try:
         cluster.start()

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.support.tiers import needs
 from tests.support.topology import PgBouncer, missing
 
 
@@ -15,8 +16,7 @@ from tests.support.topology import PgBouncer, missing
 def pgbouncer(pg_server_url: str) -> Iterator[PgBouncer]:
     """PgBouncer 1.18 in transaction pooling in front of the tests' PostgreSQL server."""
     reason = missing("pgbouncer")
-    if reason:
-        pytest.skip(reason)
+    needs(reason, "topology")
     bouncer = PgBouncer(pg_server_url, pool_mode="transaction")
     bouncer.start()
     try:

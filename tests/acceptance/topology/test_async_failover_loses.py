@@ -26,6 +26,7 @@ from tests.support import postgres
 from tests.support.failover_load import KeyedLoad, send
 from tests.support.gateway import GatewayProcess
 from tests.support.patroni import PatroniCluster, PatroniNode
+from tests.support.tiers import needs
 from tests.support.topology import missing
 from tests.support.upstream import UpstreamProcess
 from tests.support.waits import wait_until
@@ -36,8 +37,7 @@ pytestmark = pytest.mark.timeout(420)
 @pytest.fixture
 def cluster() -> Iterator[PatroniCluster]:
     reason = missing("patroni", "etcd", "initdb")
-    if reason:
-        pytest.skip(reason)
+    needs(reason, "topology")
     patroni = PatroniCluster(synchronous=False)
     try:
         patroni.start()

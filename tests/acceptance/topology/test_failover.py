@@ -29,6 +29,7 @@ from tests.support import postgres
 from tests.support.failover_load import KeyedLoad, send
 from tests.support.gateway import GatewayProcess
 from tests.support.patroni import PatroniCluster
+from tests.support.tiers import needs
 from tests.support.topology import missing
 from tests.support.upstream import UpstreamProcess
 from tests.support.workers import SHORT, make_worker, running, wait_until
@@ -41,8 +42,7 @@ JOBS = 120
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[PatroniCluster]:
     reason = missing("patroni", "etcd", "initdb")
-    if reason:
-        pytest.skip(reason)
+    needs(reason, "topology")
     patroni = PatroniCluster(synchronous=True)
     try:
         patroni.start()

@@ -20,6 +20,7 @@ import pytest
 
 from tests.support.netns import Sandbox, cannot_make_namespaces
 from tests.support.processes import child_env
+from tests.support.tiers import needs
 from tests.support.topology import PgNode, give_to_server_user, missing
 from tests.support.waits import wait_until_sync
 
@@ -84,8 +85,7 @@ class Hosts:
 @pytest.fixture
 def hosts() -> Iterator[Hosts]:
     reason = cannot_make_namespaces() or missing("initdb")
-    if reason:
-        pytest.skip(reason)
+    needs(reason, "topology")
     sandbox = Sandbox(["db", "gw", "w1", "w2"])
     sandbox.create()
     work = Path(tempfile.mkdtemp(prefix="fencegate-hosts-"))

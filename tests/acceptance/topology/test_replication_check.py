@@ -22,6 +22,7 @@ from tests.integration.test_middleware_schema import start, stop
 from tests.support import postgres
 from tests.support.gateway import GatewayProcess
 from tests.support.processes import child_env
+from tests.support.tiers import needs
 from tests.support.topology import PrimaryWithStandby, missing
 from tests.support.upstream import UpstreamProcess
 from tests.support.waits import wait_until
@@ -33,8 +34,7 @@ FIX = "synchronous_mode: true"
 @pytest.fixture(scope="module")
 def replicas() -> Iterator[PrimaryWithStandby]:
     reason = missing("initdb", "pg_basebackup")
-    if reason:
-        pytest.skip(reason)
+    needs(reason, "topology")
     cluster = PrimaryWithStandby()
     try:
         cluster.start()
