@@ -69,6 +69,7 @@ KEY_META = "dev.fencegate/idempotency-key"
 FENCE_META = "dev.fencegate/fence"
 
 executions: collections.Counter[str] = collections.Counter()
+started: collections.defaultdict[str, threading.Event] = collections.defaultdict(threading.Event)
 server = MCPServer("payments", log_level="WARNING")
 
 
@@ -76,6 +77,7 @@ server = MCPServer("payments", log_level="WARNING")
 async def charge(order: str, amount: int, ctx: Context, seconds: float = 0.0) -> str:
     """Charge an order (no deduplication of its own)."""
     executions[order] += 1
+    started[order].set()
     await ctx.report_progress(1, 2, "authorising")
     await asyncio.sleep(seconds)
     await ctx.report_progress(2, 2, "captured")
@@ -167,7 +169,7 @@ async def agent(url: str) -> None:
         running = asyncio.create_task(
             call_with_retries(session, slow, key="run-7:charge:o-2", fence=3)
         )
-        await asyncio.sleep(0.5)
+        await asyncio.to_thread(started["o-2"].wait, 10)  # the server has started it
         try:
             await other.call_tool("charge", slow, meta={KEY_META: "run-7:charge:o-2"})
         except MCPError as error:

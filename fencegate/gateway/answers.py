@@ -4,7 +4,7 @@ Why a copy can be trusted: a completed key changes in one way only before it exp
 operator's resolve (released or completed, forced or not), the reconciler and the gateway's
 own conditional writes all change only keys that are in flight or of unknown outcome; a
 purge deletes only expired keys; the step itself reuses a completed key only once it has
-expired (`tests/integration/test_answer_cache.py` holds every one of them to that). So a
+expired (`tests/acceptance/test_answer_cache.py` holds every one of them to that). So a
 copy taken once the key is completed, dropped no later than the key expires, is the
 store's answer until then: nothing needs to tell the other processes about it.
 
@@ -15,7 +15,7 @@ under the same key is still refused as ``key-reused``).
 
 A copy expires no later than its key: its deadline is timed, on this process's monotonic
 clock, from before the round trip whose transaction set the key's expiry (the database's
-``now()`` plus the route's TTL), or from before a read that gave the key's time left.
+``now()`` plus the route's TTL).
 """
 
 from __future__ import annotations
@@ -53,7 +53,6 @@ class AnswerCache:
         self.size = size
         self.max_body_bytes = max_body_bytes
         self._answers: OrderedDict[tuple[str, str], CachedAnswer] = OrderedDict()
-        self.hits = 0
 
     def __len__(self) -> int:
         return len(self._answers)
@@ -67,7 +66,6 @@ class AnswerCache:
             del self._answers[name]
             return None
         self._answers.move_to_end(name)
-        self.hits += 1
         return answer
 
     def put(self, tenant: str, key: str, answer: CachedAnswer) -> None:
@@ -81,6 +79,3 @@ class AnswerCache:
         self._answers.move_to_end(name)
         while len(self._answers) > self.size:
             self._answers.popitem(last=False)
-
-    def drop(self, tenant: str, key: str) -> None:
-        self._answers.pop((tenant, key), None)

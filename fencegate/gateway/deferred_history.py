@@ -12,6 +12,7 @@ one; past ``max_rows`` waiting, the oldest are dropped and counted in the log.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 
@@ -44,14 +45,12 @@ class DeferredHistory:
         self._rows: list[tuple[DeferredDecision, float]] = []
         self._timer: asyncio.TimerHandle | None = None
         self._writing: asyncio.Task[None] | None = None
-        self.dropped = 0
 
     def add(self, row: DeferredDecision) -> None:
         self._rows.append((row, time.monotonic()))
         if len(self._rows) > self._max_rows:
             extra = len(self._rows) - self._max_rows
             del self._rows[:extra]
-            self.dropped += extra
             logger.warning("decision history: %d rows dropped (the store takes none)", extra)
         if self._timer is None and self._writing is None:
             self._timer = asyncio.get_running_loop().call_later(self.interval, self._start)
@@ -96,16 +95,4 @@ class DeferredHistory:
 
 
 def _aged(row: DeferredDecision, age: float) -> DeferredDecision:
-    return DeferredDecision(
-        tenant=row.tenant,
-        key=row.key,
-        decision=row.decision,
-        entity=row.entity,
-        attempt=row.attempt,
-        owner=row.owner,
-        request_id=row.request_id,
-        method=row.method,
-        target=row.target,
-        ttl_seconds=row.ttl_seconds,
-        age=max(age, 0.0),
-    )
+    return dataclasses.replace(row, age=max(age, 0.0))

@@ -206,8 +206,7 @@ class Engine:
             else ""
         )
         owner = f"{self.owner}/{next(self._reservations)}"
-        if fence is None and self.answers is not None:
-            assert key is not None
+        if key is not None and fence is None and self.answers is not None:
             cached = self.answers.get(tenant, key)
             if cached is not None:
                 return self._from_copy(
@@ -383,8 +382,8 @@ class Engine:
         forward: Forward,
         policy: RoutePolicy,
         lease: LeaseClock,
-        fingerprint: str = "",
-        copy_until: float | None = None,
+        fingerprint: str,
+        copy_until: float | None,
     ) -> GatewayResponse:
         """Steps 5 and 6: forward while holding the lease, then record what happened."""
         timeout = self.store_timeout

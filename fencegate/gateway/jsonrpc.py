@@ -16,9 +16,6 @@ import orjson
 
 RequestId = str | int
 
-# JSON-RPC's own codes, for what the gateway itself refuses to read.
-INVALID_REQUEST = -32600
-
 
 @dataclass(frozen=True, slots=True)
 class RpcRequest:

@@ -139,13 +139,26 @@ class McpRoute:
 
 def _exact_arguments(body: bytes, parsed: object) -> object:
     """``params.arguments`` of a single-message body as Python's json reads it (integers
-    exact), or ``parsed`` when the body does not read so."""
+    exact), or ``parsed`` when the body does not read so. Read again only when ``parsed``
+    holds a float: without one, every number in it is already an exact integer."""
+    if not _has_float(parsed):
+        return parsed
     message = jsonrpc.parse_lenient(body)
     if isinstance(message, dict):
         params = message.get("params")
         if isinstance(params, dict):
             return params.get("arguments")
     return parsed
+
+
+def _has_float(value: object) -> bool:
+    if isinstance(value, float):
+        return True
+    if isinstance(value, dict):
+        return any(_has_float(item) for item in value.values())
+    if isinstance(value, list):
+        return any(_has_float(item) for item in value)
+    return False
 
 
 def _from_arguments(arguments: object, spec: str) -> tuple[str, str] | None:
@@ -270,8 +283,9 @@ class McpExchange:
                 field="_meta",
             )
         # orjson reads an integer past 64 bits as a double, so two calls that differ only in
-        # such a number would share a fingerprint (and `key_from` a key): the arguments are
-        # read again, exactly, from the body (a guarded call is one strict-JSON message).
+        # such a number would share a fingerprint (and `key_from` a key): arguments holding a
+        # float are read again, exactly, from the body (a guarded call is one strict-JSON
+        # message).
         arguments = _exact_arguments(self.request.body, params.get("arguments"))
         if arguments is None:
             arguments = {}

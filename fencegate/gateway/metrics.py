@@ -93,6 +93,7 @@ class GatewayMetrics:
         )
         # Label children are cached: looking one up per request is most of the cost.
         self._decisions: dict[tuple[str, str], Counter] = {}
+        self._tool_calls: dict[tuple[str, str, str], Counter] = {}
         self._operations: dict[str, Histogram] = {}
         # Read once: the value class prometheus_client chose at import depends on it too.
         self.multiprocess_dir = os.environ.get(MULTIPROC_ENV) or None
@@ -106,7 +107,13 @@ class GatewayMetrics:
         child.inc()
 
     def count_tool_call(self, tool: str, decision: str, problem: str = "") -> None:
-        self.tool_calls.labels(tool=tool, decision=decision, problem=problem).inc()
+        # Cached like `count`'s children: one per request otherwise.
+        child = self._tool_calls.get((tool, decision, problem))
+        if child is None:
+            child = self._tool_calls[(tool, decision, problem)] = self.tool_calls.labels(
+                tool=tool, decision=decision, problem=problem
+            )
+        child.inc()
 
     def answer_cache_hit(self) -> None:
         self.answer_cache_hits.inc()

@@ -495,7 +495,8 @@ class LeaseQueue:
     # -- coalesced writes: one driver call per batch ---------------------------------------
 
     async def _complete_batch(self, items: list[tuple[Lease, Any]], timeout: float) -> list[bool]:
-        return await self._driver.complete_many(items, timeout=timeout, held=True)
+        # A kept connection only serves calls made one at a time.
+        return await self._driver.complete_many(items, timeout=timeout, held=BATCH_IN_FLIGHT == 1)
 
     async def _fail_batch(
         self, items: list[tuple[Lease, Any, float | None]], timeout: float

@@ -283,13 +283,14 @@ class Worker:
             4 * self.concurrency - len(self._running),
         )
 
-    def _worth_claiming(self) -> bool:
-        """Whether to claim now: only once half a concurrency of leases is free (one, for a
-        worker of concurrency 1). Below that, more than half a concurrency of leases still
-        waits for a tool slot (or the commits are behind), so no slot can idle meanwhile;
-        and a claim of one or two jobs costs a whole round trip (a worker of concurrency 10
-        running short jobs claimed 19, then 1, then 19, in turn)."""
-        return self._free_slots() >= (self.concurrency + 1) // 2
+    def _worth_claiming(self, free: int | None = None) -> bool:
+        """Whether to claim now (``free``: `_free_slots()`, if known): only once half a
+        concurrency of leases is free (one, for a worker of concurrency 1). Below that, more
+        than half a concurrency of leases still waits for a tool slot (or the commits are
+        behind), so no slot can idle meanwhile; and a claim of one or two jobs costs a whole
+        round trip (a worker of concurrency 10 running short jobs claimed 19, then 1, then
+        19, in turn)."""
+        return (self._free_slots() if free is None else free) >= (self.concurrency + 1) // 2
 
     async def _claim_loop(self, *, until_idle: bool) -> None:
         assert self.queue is not None and self._stopping is not None
@@ -298,7 +299,7 @@ class Worker:
             while not self._stopping.is_set():
                 free = self._free_slots()
                 claimed: list[Lease] = []
-                if self._worth_claiming():
+                if self._worth_claiming(free):
                     sent_at = time.monotonic()
                     try:
                         claimed = await self.queue.claim(

@@ -116,29 +116,24 @@ def decide_in(
     return decisions
 
 
-def _completed_for(conn: sqlite3.Connection, r: DecideRequest, now: float) -> bool:
-    """Whether ``r`` is a replay: its key completed, unexpired, for the same request."""
-    if r.key is None:
-        return False
-    row = conn.execute(Q.key_get, (r.tenant, r.key)).fetchone()
-    return (
-        row is not None
-        and row["state"] == "completed"
-        and row["expires_at"] > now
-        and row["fingerprint"] == r.fingerprint
-    )
-
-
 def _decide(conn: sqlite3.Connection, r: DecideRequest, now: float) -> Decision:
+    # The key's row, read once (the fence's write below does not touch it).
+    key_row = None if r.key is None else conn.execute(Q.key_get, (r.tenant, r.key)).fetchone()
     # Step 3: the fence, if any. A stale fence changes nothing.
     last: int | None = None
     if r.fence is not None:
         row = conn.execute(Q.fence_get, (r.tenant, r.entity)).fetchone()
         if row is not None and r.fence < row[0]:
             return Decision(Outcome.STALE, last_accepted=int(row[0]))
-        # As fencegate_step: the fence of a replay that is already the entity's last accepted
-        # is read, not written again.
-        if row is None or r.fence > row[0] or not _completed_for(conn, r, now):
+        # As fencegate_step: the fence of a replay (its key completed, unexpired, for the
+        # same request) that is already the entity's last accepted is read, not written.
+        replay = (
+            key_row is not None
+            and key_row["state"] == "completed"
+            and key_row["expires_at"] > now
+            and key_row["fingerprint"] == r.fingerprint
+        )
+        if row is None or r.fence > row[0] or not replay:
             conn.execute(
                 Q.fence_accept,
                 {"tenant": r.tenant, "entity": r.entity, "fence": r.fence, "now": now},
@@ -158,7 +153,7 @@ def _decide(conn: sqlite3.Connection, r: DecideRequest, now: float) -> Decision:
         "lease_seconds": r.lease_seconds,
         "reconcile_after": now if r.reconcile else None,
     }
-    row = conn.execute(Q.key_get, (r.tenant, r.key)).fetchone()
+    row = key_row
     if row is None or row["expires_at"] <= now:
         conn.execute(
             Q.key_reserve,

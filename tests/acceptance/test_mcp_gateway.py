@@ -23,7 +23,7 @@ from tests.acceptance.test_traces import OtlpReceiver
 from tests.support.gateway import GatewayProcess
 from tests.support.mcp_server import McpServerProcess
 from tests.support.net import TcpRelay
-from tests.support.waits import wait_until, wait_until_sync
+from tests.support.waits import wait_until
 
 CONFIG = """
 [[routes]]
@@ -453,8 +453,7 @@ async def test_operator_commands_and_traces_show_the_call_by_its_tool(
                 await session.call_tool("charge", arguments, meta=fenced)
                 await session.call_tool("charge", arguments, meta=fenced)
             log = gateway.log_text()
-            await asyncio.to_thread(
-                wait_until_sync,
+            await wait_until(
                 lambda: sum(s["name"] == "tools/call charge" for s in receiver.spans) >= 2,
                 what="the tool calls' spans",
                 timeout=20,

@@ -185,6 +185,9 @@ class McpServerProcess:
     async def await_count(self, order: str, expected: int, *, timeout: float = 15.0) -> int:
         """Wait until ``charge`` ran at least ``expected`` times for this order; the count."""
 
+        if expected <= 0:
+            return await self.acount(order)
+
         async def reached() -> int:
             seen = await self.acount(order)
             return seen if seen >= expected else 0

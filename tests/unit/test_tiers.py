@@ -20,5 +20,5 @@ def test_a_tier_without_its_tools_skips_saying_why(monkeypatch: pytest.MonkeyPat
 
 def test_a_required_tier_without_its_tools_fails(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(REQUIRED, "topology, citus")
-    with pytest.raises(pytest.fail.Exception, match="citus tier cannot run.*no citus.so"):
+    with pytest.raises(pytest.fail.Exception, match=r"citus tier cannot run.*no citus\.so"):
         needs("no citus.so", "citus")

@@ -226,8 +226,16 @@ class PostgresDriver(Driver):
         await self._notifications.close()
         await self._db.close()
 
-    async def _run(self, fn: Callable[[asyncpg.Connection], Awaitable[T]], *, timeout: float) -> T:
+    async def _run(
+        self,
+        fn: Callable[[asyncpg.Connection], Awaitable[T]],
+        *,
+        timeout: float,
+        held: bool = False,
+    ) -> T:
         self.round_trips += 1
+        if held:
+            return await self._db.run_held(fn, timeout=timeout)
         return await self._db.run(fn, timeout=timeout)
 
     async def _fetch(self, sql: str, args: Sequence[Any], *, timeout: float) -> list[Row]:
@@ -355,13 +363,9 @@ class PostgresDriver(Driver):
         def fetch(conn: asyncpg.Connection) -> Awaitable[list[asyncpg.Record]]:
             return conn.fetch(Q.lease_complete_many, *args)
 
-        if held:
-            # One call at a time (the queue's batcher): taking a connection from the pool
-            # and giving it back would cost more client CPU than the statement.
-            self.round_trips += 1
-            rows = await self._db.run_held(fetch, timeout=timeout)
-        else:
-            rows = await self._run(fetch, timeout=timeout)
+        # held: one call at a time (the queue's batcher), on a kept connection: taking one
+        # from the pool and giving it back would cost more client CPU than the statement.
+        rows = await self._run(fetch, timeout=timeout, held=held)
         done = {row["id"] for row in rows}
         return [lease.job_id in done for lease, _ in items]
 

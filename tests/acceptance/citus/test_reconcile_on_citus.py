@@ -138,11 +138,17 @@ async def test_the_reconciler_settles_unknown_outcomes_of_tenants_on_different_w
                 found = await settled(pg_url, tenants)
                 return found if wanted <= found.keys() else None
 
-            found = await wait_until(
-                all_settled, timeout=60, what="the reconciler settling all four keys", interval=0.3
-            )
-            assert found is not None, gateway.log_text()[-3000:]
-            executions, answers = await charges.astate()
+            try:
+                found = await wait_until(
+                    all_settled,
+                    timeout=60,
+                    what="the reconciler settling all four keys",
+                    interval=0.3,
+                )
+            except AssertionError as exc:
+                pytest.fail(f"{exc}; the gateway's log ends:\n{gateway.log_text()[-3000:]}")
+            assert found is not None  # for the type: wait_until returns a true value
+            _, answers = await charges.astate()
             for tenant in tenants:
                 done = found[(tenant, ran[tenant])]
                 assert done["decision"] == "reconciled_completed"

@@ -217,11 +217,9 @@ async def test_a_worker_killed_under_load_stops_only_its_tenants(
             result.errors(tenant),
         )
     # Once the kill has been noticed (a request in flight then may still finish), the dead
-    # node's tenants get nothing but 503 until it is back; the others got their answers
-    # throughout (the wait above: 20 each while the node was down). On a busy two-core
-    # machine they may see 503s too, where a store call missed its 2 s deadline (printed).
+    # node's tenants get nothing but 503 until it is back. That the others got their answers
+    # throughout is the wait above (20 each while the node was down, and at least five 503s
+    # for each dead tenant); on a busy two-core machine they may see 503s too, where a store
+    # call missed its 2 s deadline (printed).
     for tenant in down:
         assert result.statuses(tenant, killed + 1.0, restarting)[200] == 0, tenant
-        assert result.statuses(tenant, killed, restarted)[503] > 0, tenant
-    for tenant in up:
-        assert result.statuses(tenant, killed, restarting)[200] >= 20, tenant

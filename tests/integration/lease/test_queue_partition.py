@@ -155,9 +155,8 @@ async def test_a_wait_cancelled_while_its_listener_connects_leaves_the_connectio
         url = urlunsplit((parts.scheme, f"{user}127.0.0.1:{path.port}", parts.path, "", ""))
         queue = await LeaseQueue.connect(url, timeout=10, pool_max_size=2)
         unhandled: list[dict[str, Any]] = []
-        asyncio.get_running_loop().set_exception_handler(
-            lambda _, context: unhandled.append(context)
-        )
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(lambda _, context: unhandled.append(context))
         try:
             await queue.enqueue("create_case", {"n": 1})  # the pool's connection is up
             before = path.accepted
@@ -172,4 +171,5 @@ async def test_a_wait_cancelled_while_its_listener_connects_leaves_the_connectio
         finally:
             path.hold = 0.0
             await asyncio.wait_for(queue.close(), 20)
+            loop.set_exception_handler(None)
         assert unhandled == []
