@@ -50,7 +50,7 @@ async def main(args: argparse.Namespace) -> None:
 
     async def capture(job: JobContext) -> dict[str, Any]:
         jobs.append(job)
-        url = f"{args.gateway}/payments/{job.payload['invoice']}/capture?delay=1.0"
+        url = f"{args.gateway}/payments/{job.payload['invoice']}/capture?delay=2.0"
         response = await job.http().post(url, json={"amount": 4200}, step=STEP)
         body = await response.json()
         answers.append(

@@ -223,12 +223,29 @@ def test_the_unpleasant_test_across_hosts(hosts: Hosts) -> None:
             ],
         )
     )
+
+    def executions() -> int:
+        """How many times the upstream (on the gateway's host) received the capture."""
+        return int(
+            json.loads(
+                hosts.python(
+                    "gw",
+                    (
+                        "import urllib.request\n"
+                        f"print(urllib.request.urlopen({upstream!r}"
+                        " + '/_count?key=payment:inv-1:capture:capture')"
+                        ".read().decode())"
+                    ),
+                )
+            )["count"]
+        )
+
     hosts.start("w1", "-m", "tests.support.netns_worker", "w1", *common)
-    w1_events = work / "w1.events"
+    # The upstream counts the capture when it arrives and answers 2 s later (shorter than
+    # the lease that W2 must wait out): cut W1 off only once its capture is in flight there,
+    # not merely started by W1's client (it could still be on W1's side of the link).
     wait_until_sync(
-        lambda: w1_events.exists() and "tool_request_started" in w1_events.read_text(),
-        timeout=60,
-        what="W1's capture on the wire",
+        lambda: executions() >= 1, timeout=60, what="W1's capture at the upstream", interval=0.1
     )
     hosts.sandbox.cut("w1")  # W1's capture is in flight; W1 reaches nothing any more
     w2 = hosts.start("w2", "-m", "tests.support.netns_worker", "w2", "--job", str(job_id), *common)
@@ -238,17 +255,7 @@ def test_the_unpleasant_test_across_hosts(hosts: Hosts) -> None:
     wait_until_sync((work / "w1.json").exists, timeout=120, what="W1's late attempts")
     w1 = json.loads((work / "w1.json").read_text())
     w2_report = json.loads((work / "w2.json").read_text())
-    count = json.loads(
-        hosts.python(
-            "gw",
-            (
-                "import urllib.request\n"
-                f"print(urllib.request.urlopen({upstream!r}"
-                " + '/_count?key=payment:inv-1:capture:capture')"
-                ".read().decode())"
-            ),
-        )
-    )["count"]
+    count = executions()
     print(f"across hosts: W1 {w1} W2 {w2_report} upstream executions {count}")
 
     [w2_answer] = w2_report["answers"]
