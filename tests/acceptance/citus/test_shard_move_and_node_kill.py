@@ -179,16 +179,21 @@ async def test_a_worker_killed_under_load_stops_only_its_tenants(
     # client frozen between its request's head and body would be answered 408 by the gateway.
     await asyncio.to_thread(victim.kill)
     try:
-        # The tenants on the dead node are refused (503) while the others carry on.
+        # The tenants on the dead node are refused (503) while the others carry on (on two
+        # cores shared with the rest of the suite, slowly: 10 answers each, within 150 s).
         base = {t: load.answered(t) for t in up}
-        await wait_until(
-            lambda: (
-                all(load.result.statuses(t, killed)[503] >= 5 for t in down)
-                and all(load.answered(t) >= base[t] + 20 for t in up)
-            ),
-            timeout=90,
-            what="503 for the dead node's tenants, answers for the others",
-        )
+        try:
+            await wait_until(
+                lambda: (
+                    all(load.result.statuses(t, killed)[503] >= 5 for t in down)
+                    and all(load.answered(t) >= base[t] + 10 for t in up)
+                ),
+                timeout=150,
+                what="503 for the dead node's tenants, answers for the others",
+            )
+        except AssertionError as exc:
+            seen = {t: dict(load.result.statuses(t, killed)) for t in tenants}
+            pytest.fail(f"{exc}; since the kill: {seen}")
     finally:
         restarting = time.monotonic()
         # A stale postmaster.pid from the kill is cleared first.
@@ -218,7 +223,7 @@ async def test_a_worker_killed_under_load_stops_only_its_tenants(
         )
     # Once the kill has been noticed (a request in flight then may still finish), the dead
     # node's tenants get nothing but 503 until it is back. That the others got their answers
-    # throughout is the wait above (20 each while the node was down, and at least five 503s
+    # throughout is the wait above (10 each while the node was down, and at least five 503s
     # for each dead tenant); on a busy two-core machine they may see 503s too, where a store
     # call missed its 2 s deadline (printed).
     for tenant in down:
