@@ -514,8 +514,10 @@ def _comparison(text: str) -> tuple[str, str]:
     return label, python
 
 
-async def _new_postgres_database(server: str, *, migrated: bool = True) -> str:
-    url = await postgres.create_database(server)
+async def _new_postgres_database(
+    server: str, *, migrated: bool = True, locale: str | None = None
+) -> str:
+    url = await postgres.create_database(server, locale=locale)
     if migrated:
         await migrate(url)
     return url
@@ -641,6 +643,14 @@ def main(argv: list[str] | None = None) -> int:
         help="measure only the gateway rows whose name contains TEXT; may be repeated (the "
         "upstream and the bare proxy are always measured)",
     )
+    parser.add_argument(
+        "--database-locale",
+        default=None,
+        metavar="LOCALE",
+        help="create the PostgreSQL databases with this collation and character classes "
+        "(e.g. en_US.UTF-8, a common server default; the server must have the locale) "
+        "instead of the server's default",
+    )
     args = parser.parse_args(argv)
     started = time.monotonic()
 
@@ -650,7 +660,9 @@ def main(argv: list[str] | None = None) -> int:
         server = os.environ.get(postgres.URL_ENV, "postgresql://postgres@127.0.0.1:5432/postgres")
 
         def new_database(*, migrated: bool = True) -> tuple[str, str]:
-            url = asyncio.run(_new_postgres_database(server, migrated=migrated))
+            url = asyncio.run(
+                _new_postgres_database(server, migrated=migrated, locale=args.database_locale)
+            )
             stack.callback(lambda: asyncio.run(postgres.drop_database(server, url)))
             return url, urlsplit(url).path.lstrip("/")
 
@@ -860,6 +872,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{len(BODY)} bytes per request; new keys: a new Idempotency-Key and a fence on "
             f"every request; replay: one key repeated"
         )
+        if args.database_locale:
+            print(f"PostgreSQL databases created with the locale {args.database_locale}")
         for concurrency in args.concurrency:
             print(f"\n=== gateway, concurrency {concurrency} (x bare: to the bare proxy) ===")
             rounds = run_rounds(

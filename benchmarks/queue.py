@@ -77,6 +77,7 @@ from benchmarks.stats import percentile
 from fencegate.lease import Lease, LeaseQueue, Worker
 from fencegate.lease.events import EventLog
 from fencegate.lease.metrics import WorkerMetrics
+from tests.support import postgres
 
 DEFAULT_SERVER = "postgresql://postgres@127.0.0.1:5432/postgres"
 DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
@@ -123,12 +124,18 @@ class CpuMeter:
 # -- databases ---------------------------------------------------------------------------
 
 
+# The collation and character classes of every database the run creates (``--database-locale``;
+# None: the server's default), set once by `main` before anything runs.
+DATABASE_LOCALE: str | None = None
+
+
 @contextlib.asynccontextmanager
 async def fresh_database(server: str) -> AsyncIterator[str]:
     name = "fg_bench_" + uuid.uuid4().hex[:10]
+    options = "" if DATABASE_LOCALE is None else postgres.locale_clause(DATABASE_LOCALE)
     conn = await asyncpg.connect(server, timeout=10)
     try:
-        await conn.execute(f'CREATE DATABASE "{name}"')
+        await conn.execute(f'CREATE DATABASE "{name}"{options}')
     finally:
         await conn.close()
     parts = urlsplit(server)
@@ -1299,7 +1306,16 @@ def main(argv: list[str] | None = None) -> None:
         help="also run the Worker of the fencegate that PYTHON has installed (an older commit "
         "in its own venv) in every shape, on its own database, in the same rounds; repeatable",
     )
+    parser.add_argument(
+        "--database-locale",
+        default=None,
+        metavar="LOCALE",
+        help="create every database with this collation and character classes (e.g. "
+        "en_US.UTF-8, a common server default; the server must have the locale)",
+    )
     args = parser.parse_args(argv)
+    global DATABASE_LOCALE
+    DATABASE_LOCALE = args.database_locale
     if (
         min(args.jobs, *args.concurrency, *args.shapes, args.rounds, *args.processes) < 1
         or args.samples < 2

@@ -296,10 +296,22 @@ def with_database(url: str, database: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc, "/" + database, parts.query, ""))
 
 
-async def create_database(server: str, *, template: str | None = None) -> str:
-    """A new database on ``server``; a copy of ``template`` when given."""
+def locale_clause(locale: str) -> str:
+    """What CREATE DATABASE takes to give a database ``locale`` as its collation and
+    character classes (only template0 may be copied with another locale)."""
+    quoted = locale.replace("'", "''")
+    return f" TEMPLATE template0 LC_COLLATE '{quoted}' LC_CTYPE '{quoted}'"
+
+
+async def create_database(
+    server: str, *, template: str | None = None, locale: str | None = None
+) -> str:
+    """A new database on ``server``; a copy of ``template`` when given; with ``locale`` as
+    its collation and character classes (a copy of template0) when given."""
     name = "fg_test_" + uuid.uuid4().hex[:12]
     copy = f' TEMPLATE "{template}"' if template else ""
+    if locale is not None:
+        copy = locale_clause(locale)
     await _execute(server, f'CREATE DATABASE "{name}"{copy}')
     return with_database(server, name)
 
