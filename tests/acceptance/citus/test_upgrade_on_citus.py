@@ -8,8 +8,9 @@ import uuid
 
 import asyncpg
 
-from fencegate.store import DecideRequest, Outcome, open_gateway_store
+from fencegate.store import Outcome, open_gateway_store
 from fencegate.store.migrations import migrate
+from tests.acceptance.citus.test_single_shard import decide_request
 from tests.support.citus import CitusCluster
 
 BYTEWISE = "004_bytewise_keys.sql"
@@ -60,23 +61,7 @@ async def test_bytewise_names_on_a_database_distributed_before(
         await conn.close()
     store = await open_gateway_store(url)
     try:
-        decision = await store.decide(
-            DecideRequest(
-                tenant="t",
-                key="k",
-                fingerprint="f",
-                entity="e",
-                fence=1,
-                owner="gw/1",
-                lease_seconds=30,
-                ttl_seconds=60,
-                retry_unknown=False,
-                request_id="r",
-                method="POST",
-                target="/x",
-            ),
-            timeout=20,
-        )
+        decision = await store.decide(decide_request("t", 1), timeout=20)
         assert decision.outcome is Outcome.RESERVED
     finally:
         await store.close()
