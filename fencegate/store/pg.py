@@ -59,7 +59,7 @@ _POOLER_STARTUP = ("application_name",)
 # Settings that only make statements faster: left to the server's defaults behind a
 # transaction pooler (an unnamed statement is planned per call anyway, and JIT never
 # triggers on fencegate's by-key statements), rather than one more round trip per call.
-_SPEED_ONLY = ("jit", "plan_cache_mode", "enable_seqscan")
+_SPEED_ONLY = ("jit", "plan_cache_mode", "enable_seqscan", "enable_bitmapscan")
 
 
 def _split_settings(
@@ -262,6 +262,10 @@ class PgDatabase:
             settings["plan_cache_mode"] = "force_generic_plan"
         if index_scans:
             settings["enable_seqscan"] = "off"
+            # A bitmap scan reads every row it matches before an ORDER BY ... LIMIT can stop
+            # it: a claim's kept plan picked one over the ordered partial index once it
+            # estimated the filtered rows at one, and read and sorted the whole backlog.
+            settings["enable_bitmapscan"] = "off"
         if target.schema is not None:
             settings["search_path"] = target.schema
         startup, local = _split_settings(settings, transaction_pooling=target.transaction_pooling)

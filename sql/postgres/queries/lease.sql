@@ -123,16 +123,23 @@ expired AS (
        FOR UPDATE SKIP LOCKED
 ),
 queued AS (
-    SELECT id, kind, concurrency_key, priority, fencing_token AS previous_token,
-           NULL::jsonb AS expiry_error, 1 AS pass, NULL::timestamptz AS expired_at
-      FROM fencegate_jobs AS j
-     WHERE state = 'queued' AND run_after <= now() AND /* TEMPLATE: kinds */
-       AND /* TEMPLATE: room */ AND kind <> ALL(ARRAY(SELECT kind FROM full_kinds))
-       AND NOT EXISTS (SELECT 1 FROM full_keys AS f
-                        WHERE f.kind = j.kind AND f.concurrency_key = j.concurrency_key)
-     ORDER BY priority DESC, id
-     LIMIT (SELECT n FROM lookahead)
-       FOR UPDATE SKIP LOCKED
+    -- Each kind asked for (or all kinds at once) walks its index in order and stops at the
+    -- lookahead: a scan of several kinds in one index range would read all their queued
+    -- jobs to sort them.
+    SELECT q.*
+      FROM /* TEMPLATE: wanted */ AS wanted(kind)
+     CROSS JOIN LATERAL (
+        SELECT id, kind, concurrency_key, priority, fencing_token AS previous_token,
+               NULL::jsonb AS expiry_error, 1 AS pass, NULL::timestamptz AS expired_at
+          FROM fencegate_jobs AS j
+         WHERE state = 'queued' AND run_after <= now() AND /* TEMPLATE: wanted_kind */
+           AND /* TEMPLATE: room */ AND kind <> ALL(ARRAY(SELECT kind FROM full_kinds))
+           AND NOT EXISTS (SELECT 1 FROM full_keys AS f
+                            WHERE f.kind = j.kind AND f.concurrency_key = j.concurrency_key)
+         ORDER BY priority DESC, id
+         LIMIT (SELECT n FROM lookahead)
+           FOR UPDATE SKIP LOCKED
+     ) AS q
 ),
 clock AS (
     SELECT clock_timestamp() AS at
@@ -225,15 +232,22 @@ SELECT id, kind, owner_id, fencing_token, lease_until, lease_seconds, heartbeat_
 -- name: lease_claim_one_kind from lease_claim
 -- A kind already full is not scanned at all (rather than each of its rows filtered out).
 -- kinds: kind = $2::text
+-- wanted: (VALUES ($2::text))
+-- wanted_kind: kind = wanted.kind
 -- room: NOT EXISTS (SELECT 1 FROM full_kinds)
 
 -- name: lease_claim_kinds from lease_claim
+-- Each kind once: a kind named twice would be walked twice, its rows offered twice.
 -- kinds: kind = ANY($2::text[])
+-- wanted: (SELECT DISTINCT k FROM unnest($2::text[]) AS k)
+-- wanted_kind: kind = wanted.kind
 -- room: (SELECT count(*) FROM full_kinds) < cardinality($2::text[])
 
 -- name: lease_claim_any from lease_claim
 -- $2 is NULL, so that all three take the same arguments.
 -- kinds: $2::text[] IS NULL
+-- wanted: (VALUES (NULL::text))
+-- wanted_kind: TRUE
 -- room: TRUE
 
 -- name: lease_claim_lock

@@ -176,6 +176,15 @@ PG_KEPT = {
 }
 
 
+async def _analyze(url: str) -> None:
+    """Statistics now, as autovacuum would gather them at some point."""
+    conn = await asyncpg.connect(url)
+    try:
+        await conn.execute("ANALYZE")
+    finally:
+        await conn.close()
+
+
 @pytest.fixture
 async def small_queue(pg_url: str) -> AsyncIterator[LeaseQueue]:
     """A queue whose tables were analyzed while they held a few rows (as autovacuum does
@@ -185,11 +194,7 @@ async def small_queue(pg_url: str) -> AsyncIterator[LeaseQueue]:
         await queue.enqueue_many([{"kind": "k", "payload": n} for n in range(4)], timeout=30)
         for lease in await queue.claim("w", kinds=["k"], limit=2, timeout=30):
             await queue.complete(lease, None, timeout=30)
-        conn = await asyncpg.connect(pg_url)
-        try:
-            await conn.execute("ANALYZE")
-        finally:
-            await conn.close()
+        await _analyze(pg_url)
         yield queue
     finally:
         await queue.close()
@@ -221,6 +226,74 @@ async def test_postgres_kept_plans_never_scan_a_table_whole(
         and node.get("Relation Name", "").startswith("fencegate_job")
     ]
     assert not scanned, f"{name}'s kept plan reads a whole table once it has grown: {scanned}"
+
+
+@pytest.fixture
+async def one_kind_backlog(pg_url: str) -> AsyncIterator[LeaseQueue]:
+    """A queue in use whose jobs are all of one kind (a common queue: a selectivity of 1
+    for the kind, and 0 for "not this kind"): QUEUED jobs waiting, FINISHED done, analyzed."""
+    queue = await LeaseQueue.connect(pg_url, timeout=30)
+    try:
+        for start in range(0, QUEUED + FINISHED, 500):
+            await queue.enqueue_many(
+                [{"kind": "k", "payload": n} for n in range(start, start + 500)], timeout=30
+            )
+        for _ in range(FINISHED // 500):
+            leases = await queue.claim("w", kinds=["k"], limit=500, timeout=30)
+            await queue.complete_many([(lease, None) for lease in leases], timeout=30)
+        await _analyze(pg_url)
+        yield queue
+    finally:
+        await queue.close()
+
+
+# A claim of each variant, run against a backlog of one kind.
+ONE_KIND_ARGS = {
+    "lease_claim_one_kind": "'k'",
+    "lease_claim_kinds": "ARRAY['k']",
+    "lease_claim_any": "NULL",
+}
+
+
+@pytest.mark.parametrize("name", sorted(PG_VARIANTS))
+async def test_postgres_claim_reads_a_batch_not_the_backlog(
+    one_kind_backlog: LeaseQueue, name: str
+) -> None:
+    """Run, not only planned: on the queue's own connection (its settings), the kept plan of
+    a claim of LIMIT jobs reads about LIMIT queued rows, whatever the backlog. A bitmap scan
+    (the planner's pick once it estimated the filtered rows at one) read and sorted every
+    queued job before the limit: 4,000 rows for 10 jobs."""
+    kind_type, _ = PG_VARIANTS[name]
+
+    async def run_plan(conn: asyncpg.Connection) -> str:
+        claim = conn.transaction()
+        await claim.start()
+        try:
+            await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+            await conn.execute(
+                f"PREPARE s(text, {kind_type}, int) AS {queries('postgresql')[name]}"
+            )
+            return str(
+                await conn.fetchval(
+                    f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE s('w', {ONE_KIND_ARGS[name]}, {LIMIT})"
+                )
+            )
+        finally:
+            await claim.rollback()  # the claim's writes are not kept
+            await conn.execute("DEALLOCATE s")
+
+    db = getattr(getattr(one_kind_backlog, "_driver"), "_db")  # noqa: B009 - the queue's pool
+    plan = json.loads(await db.run(run_plan, timeout=30))[0]["Plan"]
+    nodes = [node for node, _ in _nodes(plan)]
+    granted = [n["Actual Rows"] for n in nodes if n["Node Type"] == "ModifyTable"]
+    assert LIMIT in granted, f"{name} granted no batch: {granted}"  # it ran, and claimed
+    read = [
+        f"{_describe(node)}: {node['Actual Rows'] * node['Actual Loops']} rows read"
+        for node in nodes
+        if node.get("Relation Name") == "fencegate_jobs"
+        and node["Actual Rows"] * node["Actual Loops"] > SMALL
+    ]
+    assert not read, f"{name} reads the backlog to claim {LIMIT} jobs: {read}"
 
 
 # SQLite: the claim is a few statements in one transaction; each variant of each.
