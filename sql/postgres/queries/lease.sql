@@ -195,16 +195,18 @@ numbered AS (
       FROM chosen AS c
 ),
 tokens AS (
-    SELECT t.token, row_number() OVER (ORDER BY t.token) AS n
+    -- One array, read by position: a join of the numbered rows to their tokens was a nested
+    -- loop over both (the planner guesses one row for each), n² comparisons per claim.
+    SELECT array_agg(t.token ORDER BY t.token) AS sorted
       FROM (SELECT nextval('fencegate_fencing_tokens') AS token FROM numbered) AS t
 ),
 granted AS (
     UPDATE fencegate_jobs AS j
-       SET state = 'running', owner_id = $1, fencing_token = t.token,
+       SET state = 'running', owner_id = $1, fencing_token = (SELECT sorted FROM tokens)[c.n],
            lease_until = now() + make_interval(secs => j.lease_seconds),
            heartbeat_at = now(), attempt = j.attempt + 1, updated_at = now(),
            error = COALESCE(c.expiry_error, j.error)
-      FROM numbered AS c JOIN tokens AS t ON t.n = c.n
+      FROM numbered AS c
      WHERE j.id = ANY(ARRAY(SELECT id FROM numbered)) AND j.id = c.id
     RETURNING j.*, c.previous_token, c.expiry_error
 ),
