@@ -284,18 +284,22 @@ ON CONFLICT (provider) DO UPDATE
        IS DISTINCT FROM (excluded.capacity, excluded.per_seconds);
 
 -- name: lease_extend_many
--- j.id = ANY($1) lets the planner use the primary key before joining the unnest.
+-- Each lease presented finds its job by primary key (the only condition an index can take:
+-- the live lease is tested as `(...) IS TRUE`, so that no plan walks the running jobs' index
+-- and compares every lease held with every lease presented).
 UPDATE fencegate_jobs AS j
    SET lease_until = now() + make_interval(secs => j.lease_seconds), heartbeat_at = now(),
        updated_at = now()
   FROM unnest($1::bigint[], $2::text[], $3::bigint[]) AS i(id, owner_id, fencing_token)
- WHERE j.id = ANY($1::bigint[]) AND j.id = i.id AND j.state = 'running'
-   AND j.owner_id = i.owner_id AND j.fencing_token = i.fencing_token AND j.lease_until > now()
+ WHERE j.id = i.id AND j.state = 'running'
+   AND j.owner_id = i.owner_id AND j.fencing_token = i.fencing_token
+   AND (j.lease_until > now()) IS TRUE
 RETURNING j.id, j.fencing_token, j.lease_until;
 
 -- name: lease_complete_many
 -- Results arrive as JSON text, not jsonb[]: asyncpg would read a list result as a nested
--- array.
+-- array. Each job found by primary key, as in lease_extend_many; its attempt by token, from
+-- one array (a join of the two batches was a nested loop: n² comparisons per commit).
 WITH input AS (
     SELECT * FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::text[])
            AS t(id, owner_id, fencing_token, result)
@@ -305,21 +309,21 @@ done AS (
        SET state = 'succeeded', result = i.result::jsonb, error = NULL, lease_until = NULL,
            updated_at = now()
       FROM input AS i
-     WHERE j.id = ANY($1::bigint[]) AND j.id = i.id AND j.state = 'running'
+     WHERE j.id = i.id AND j.state = 'running'
        AND j.owner_id = i.owner_id AND j.fencing_token = i.fencing_token
-       AND j.lease_until > now()
+       AND (j.lease_until > now()) IS TRUE
     RETURNING j.id, j.fencing_token
 ),
 ended AS (
     UPDATE fencegate_job_attempts AS a
        SET ended_at = now(), outcome = 'succeeded'
-      FROM done
-     WHERE a.fencing_token = ANY($3::bigint[]) AND a.fencing_token = done.fencing_token
+     WHERE a.fencing_token = ANY(ARRAY(SELECT fencing_token FROM done))
 )
 SELECT id FROM done;
 
 -- name: lease_fail_many
--- Each row is matched on its own id, owner, token and live lease. retry_in NULL: the job
+-- Each row is matched on its own id, owner, token and live lease (by primary key, as in
+-- lease_extend_many). retry_in NULL: the job
 -- fails for good (owner kept, for the record); otherwise it is queued again after retry_in
 -- seconds.
 WITH input AS (
@@ -334,17 +338,18 @@ ended AS (
            owner_id = CASE WHEN i.retry_in IS NULL THEN j.owner_id END,
            error = i.error::jsonb, lease_until = NULL, updated_at = now()
       FROM input AS i
-     WHERE j.id = ANY($1::bigint[]) AND j.id = i.id AND j.state = 'running'
+     WHERE j.id = i.id AND j.state = 'running'
        AND j.owner_id = i.owner_id AND j.fencing_token = i.fencing_token
-       AND j.lease_until > now()
+       AND (j.lease_until > now()) IS TRUE
     RETURNING j.id, j.fencing_token, j.state, i.error
 ),
 closed AS (
+    -- Each attempt by its token (an index probe per ended job).
     UPDATE fencegate_job_attempts AS a
        SET ended_at = now(), error = e.error::jsonb,
            outcome = CASE WHEN e.state = 'failed' THEN 'failed' ELSE 'retry_scheduled' END
       FROM ended AS e
-     WHERE a.fencing_token = ANY($3::bigint[]) AND a.fencing_token = e.fencing_token
+     WHERE a.fencing_token = e.fencing_token
 )
 SELECT id, fencing_token, state FROM ended;
 

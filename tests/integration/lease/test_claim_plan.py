@@ -17,7 +17,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from fencegate.lease import LeaseQueue
+from fencegate.lease import Lease, LeaseQueue
 from fencegate.store.queries import queries
 
 QUEUED = 4000
@@ -294,6 +294,79 @@ async def test_postgres_claim_reads_a_batch_not_the_backlog(
         and node["Actual Rows"] * node["Actual Loops"] > SMALL
     ]
     assert not read, f"{name} reads the backlog to claim {LIMIT} jobs: {read}"
+
+
+# Held leases, and the batch of them each batch statement presents.
+HELD = 250
+BATCH = 50
+
+
+@pytest.fixture
+async def held_leases(pg_url: str) -> AsyncIterator[tuple[LeaseQueue, list[Lease]]]:
+    """HELD running jobs of one kind (a Worker claiming ahead holds many), analyzed."""
+    queue = await LeaseQueue.connect(pg_url, timeout=30)
+    try:
+        await queue.enqueue_many([{"kind": "k", "payload": n} for n in range(HELD)], timeout=30)
+        leases: list[Lease] = []
+        while len(leases) < HELD:
+            leases += await queue.claim("w", kinds=["k"], limit=BATCH, timeout=30)
+        await _analyze(pg_url)
+        yield queue, leases
+    finally:
+        await queue.close()
+
+
+def _batch_arguments(name: str, leases: list[Lease]) -> str:
+    def array(values: list[object]) -> str:
+        return "'{" + ",".join(str(v) for v in values) + "}'"
+
+    ids = array([lease.job_id for lease in leases])
+    owners = array([lease.owner_id for lease in leases])
+    tokens = array([lease.fencing_token for lease in leases])
+    texts = array(["null"] * len(leases))
+    return {
+        "lease_extend_many": f"({ids}, {owners}, {tokens})",
+        "lease_complete_many": f"({ids}, {owners}, {tokens}, {texts})",
+        "lease_fail_many": f"({ids}, {owners}, {tokens}, {texts}, {array([1] * len(leases))})",
+    }[name]
+
+
+@pytest.mark.parametrize("name", ["lease_extend_many", "lease_complete_many", "lease_fail_many"])
+async def test_postgres_batch_statements_touch_each_lease_once(
+    held_leases: tuple[LeaseQueue, list[Lease]], name: str
+) -> None:
+    """A heartbeat, completion or failure of BATCH leases, while HELD are held, does work in
+    proportion to the batch: each lease found by key, not every lease presented compared with
+    every lease held (n² rows through a nested loop: 2,500 for 50 leases)."""
+    queue, leases = held_leases
+    batch = leases[-BATCH:]
+    prepare = PG_KEPT[name].format(queries("postgresql")[name]).split(" ; ")[0]
+
+    async def run_plan(conn: asyncpg.Connection) -> str:
+        statement = conn.transaction()
+        await statement.start()
+        try:
+            await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+            await conn.execute(f"PREPARE s{prepare}")
+            return str(
+                await conn.fetchval(
+                    f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE s{_batch_arguments(name, batch)}"
+                )
+            )
+        finally:
+            await statement.rollback()  # nothing is kept
+            await conn.execute("DEALLOCATE s")
+
+    db = getattr(getattr(queue, "_driver"), "_db")  # noqa: B009 - the queue's pool
+    plan = json.loads(await db.run(run_plan, timeout=30))[0]["Plan"]
+    nodes = [node for node, _ in _nodes(plan)]
+    assert plan["Actual Rows"] == BATCH, f"{name} did not take the batch: {plan['Actual Rows']}"
+    rows = sum(n["Actual Rows"] * n["Actual Loops"] for n in nodes)
+    removed = sum(n.get("Rows Removed by Join Filter", 0) for n in nodes)
+    assert rows + removed <= 10 * BATCH, (
+        f"{name}: {rows} rows through its plan and {removed} removed by join filters for "
+        f"{BATCH} leases: {[_describe(n) for n in nodes]}"
+    )
 
 
 # SQLite: the claim is a few statements in one transaction; each variant of each.
