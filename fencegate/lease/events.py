@@ -123,13 +123,17 @@ class EventLog:
             raise ValueError(f"unknown event name {event!r}")
         record: Event = {"ts": _timestamp(), "event": event}
         record.update({k: v for k, v in fields.items() if v is not None})
-        line = orjson.dumps(record, default=_json_default) + b"\n"
+        # Serialised only when written out: a log kept in memory (or handed to a callable)
+        # needs no line.
+        written = self._file is not None or self._stream is not None
+        line = orjson.dumps(record, default=_json_default) + b"\n" if written else b""
         with self._lock:
             if self._keep:
                 self.records.append(record)
                 if len(self.records) > self._keep:
                     del self.records[: len(self.records) - self._keep]
-            self._write(line)
+            if written:
+                self._write(line)
             if self._call is not None:
                 self._call(record)
         return record

@@ -62,8 +62,16 @@ class JobContext:
         labels: tuple[str, str, str] | None = None,
     ) -> None:
         self.execution = execution
+        # What names this execution never changes (a renewal moves only its end): read once,
+        # not through the execution's lock on every event and every property.
+        lease = execution.lease
+        self._id = lease.job_id
+        self._kind = str(lease.kind)
+        self._token = int(lease.fencing_token)
+        self._attempt = int(lease.attempt)
+        self._key = str(lease.idempotency_key)
         # (kind, provider, model): the provider and model go on every event ("" left out).
-        self.labels = labels or (execution.lease.kind, "", "")
+        self.labels = labels or (self._kind, "", "")
         self.queue = queue
         self.events = events
         self.worker_id = worker_id
@@ -80,11 +88,11 @@ class JobContext:
 
     @property
     def id(self) -> Any:
-        return self.lease.job_id
+        return self._id
 
     @property
     def kind(self) -> str:
-        return str(self.lease.kind)
+        return self._kind
 
     @property
     def payload(self) -> Any:
@@ -92,15 +100,15 @@ class JobContext:
 
     @property
     def attempt(self) -> int:
-        return int(self.lease.attempt)
+        return self._attempt
 
     @property
     def fencing_token(self) -> int:
-        return int(self.lease.fencing_token)
+        return self._token
 
     @property
     def idempotency_key(self) -> str:
-        return str(self.lease.idempotency_key)
+        return self._key
 
     @property
     def default_entity(self) -> str:
@@ -120,11 +128,11 @@ class JobContext:
             fields["trace_id"] = tracing.current_trace_id()
         self.events.emit(
             event,
-            job=str(self.id),
-            kind=self.kind,
+            job=str(self._id),
+            kind=self._kind,
             provider=self.labels[1] or None,
             model=self.labels[2] or None,
-            token=self.fencing_token,
+            token=self._token,
             worker=self.worker_id,
             **fields,
         )

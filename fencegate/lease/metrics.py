@@ -78,6 +78,7 @@ class WorkerMetrics:
     def __init__(self, *, registry: CollectorRegistry | None = None) -> None:
         self.registry = REGISTRY if registry is None else registry
         self._classes: dict[str, WorkClass] = {}
+        self._outcome_children: dict[tuple[str, ...], Counter] = {}
         self.live = _LiveLeases()
         self.registry.register(self.live)
         self.expired_leases = Counter(
@@ -117,7 +118,12 @@ class WorkerMetrics:
         return (lease.kind, provider or "", model or "")
 
     def outcome(self, lease: Lease, outcome: str) -> None:
-        self.outcomes.labels(*self.labels_of(lease), outcome).inc()
+        labels = (*self.labels_of(lease), outcome)
+        child = self._outcome_children.get(labels)
+        if child is None:
+            # Looked up once per label set: `labels()` validates and locks on every call.
+            child = self._outcome_children[labels] = self.outcomes.labels(*labels)
+        child.inc()
 
     def close(self) -> None:
         for collector in (
