@@ -228,6 +228,27 @@ async def test_postgres_kept_plans_never_scan_a_table_whole(
     assert not scanned, f"{name}'s kept plan reads a whole table once it has grown: {scanned}"
 
 
+async def _executed_plan(queue: LeaseQueue, prepare: str, execute: str) -> dict[str, Any]:
+    """The plan of ``EXECUTE s...`` as it ran (``PREPARE s...`` kept as a generic plan), on
+    one of the queue's own connections (its settings), in a transaction rolled back after:
+    nothing it wrote is kept."""
+
+    async def run(conn: asyncpg.Connection) -> str:
+        statement = conn.transaction()
+        await statement.start()
+        try:
+            await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+            await conn.execute(f"PREPARE s{prepare}")
+            return str(await conn.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE s{execute}"))
+        finally:
+            await statement.rollback()
+            await conn.execute("DEALLOCATE s")
+
+    db = getattr(getattr(queue, "_driver"), "_db")  # noqa: B009 - the queue's pool
+    plan: dict[str, Any] = json.loads(await db.run(run, timeout=30))[0]["Plan"]
+    return plan
+
+
 @pytest.fixture
 async def one_kind_backlog(pg_url: str) -> AsyncIterator[LeaseQueue]:
     """A queue in use whose jobs are all of one kind (a common queue: a selectivity of 1
@@ -264,26 +285,11 @@ async def test_postgres_claim_reads_a_batch_not_the_backlog(
     (the planner's pick once it estimated the filtered rows at one) read and sorted every
     queued job before the limit: 4,000 rows for 10 jobs."""
     kind_type, _ = PG_VARIANTS[name]
-
-    async def run_plan(conn: asyncpg.Connection) -> str:
-        claim = conn.transaction()
-        await claim.start()
-        try:
-            await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
-            await conn.execute(
-                f"PREPARE s(text, {kind_type}, int) AS {queries('postgresql')[name]}"
-            )
-            return str(
-                await conn.fetchval(
-                    f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE s('w', {ONE_KIND_ARGS[name]}, {LIMIT})"
-                )
-            )
-        finally:
-            await claim.rollback()  # the claim's writes are not kept
-            await conn.execute("DEALLOCATE s")
-
-    db = getattr(getattr(one_kind_backlog, "_driver"), "_db")  # noqa: B009 - the queue's pool
-    plan = json.loads(await db.run(run_plan, timeout=30))[0]["Plan"]
+    plan = await _executed_plan(
+        one_kind_backlog,
+        f"(text, {kind_type}, int) AS {queries('postgresql')[name]}",
+        f"('w', {ONE_KIND_ARGS[name]}, {LIMIT})",
+    )
     nodes = [node for node, _ in _nodes(plan)]
     granted = [n["Actual Rows"] for n in nodes if n["Node Type"] == "ModifyTable"]
     assert LIMIT in granted, f"{name} granted no batch: {granted}"  # it ran, and claimed
@@ -341,24 +347,7 @@ async def test_postgres_batch_statements_touch_each_lease_once(
     queue, leases = held_leases
     batch = leases[-BATCH:]
     prepare = PG_KEPT[name].format(queries("postgresql")[name]).split(" ; ")[0]
-
-    async def run_plan(conn: asyncpg.Connection) -> str:
-        statement = conn.transaction()
-        await statement.start()
-        try:
-            await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
-            await conn.execute(f"PREPARE s{prepare}")
-            return str(
-                await conn.fetchval(
-                    f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE s{_batch_arguments(name, batch)}"
-                )
-            )
-        finally:
-            await statement.rollback()  # nothing is kept
-            await conn.execute("DEALLOCATE s")
-
-    db = getattr(getattr(queue, "_driver"), "_db")  # noqa: B009 - the queue's pool
-    plan = json.loads(await db.run(run_plan, timeout=30))[0]["Plan"]
+    plan = await _executed_plan(queue, prepare, _batch_arguments(name, batch))
     nodes = [node for node, _ in _nodes(plan)]
     assert plan["Actual Rows"] == BATCH, f"{name} did not take the batch: {plan['Actual Rows']}"
     rows = sum(n["Actual Rows"] * n["Actual Loops"] for n in nodes)
