@@ -131,8 +131,10 @@ class CitusNode:
                 os.kill(victim, signal.SIGKILL)
 
     def clear_stale_pid(self, timeout: float = 30.0) -> None:
-        """A postmaster killed with -9 may stay a zombie (where nothing reaps it) holding
-        ``postmaster.pid``: wait for it to go, then remove the file it left."""
+        """A postmaster killed with -9 may stay a zombie (where nothing reaps it, or reaps
+        late) named in ``postmaster.pid`` and in its socket's lock file: a new postmaster
+        that finds either naming a process that still exists refuses to start ("lock file
+        already exists"). Wait for it to stop running, then remove the files it left."""
         pid = self.pid()
         if pid is None:
             return
@@ -141,8 +143,10 @@ class CitusNode:
             if not _running(pid):
                 break
             time.sleep(0.05)
-        with contextlib.suppress(FileNotFoundError):
-            (self.dir / "postmaster.pid").unlink()
+        socket = f".s.PGSQL.{self.port}"
+        for left in ("postmaster.pid", f"{socket}.lock", socket):
+            with contextlib.suppress(FileNotFoundError):
+                (self.dir / left).unlink()
 
     def stop(self) -> None:
         subprocess.run(
