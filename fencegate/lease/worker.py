@@ -110,6 +110,7 @@ class Worker:
         grace_seconds: float = 30.0,
         ownership_margin_seconds: float | None = None,
         store_timeout: float = 10.0,
+        outcome_wait_seconds: float | None = None,
         poll_seconds: float = 1.0,
         http_timeout: float = 30.0,
         heartbeat_store: Callable[[], Awaitable[RenewingStore]] | None = None,
@@ -135,6 +136,11 @@ class Worker:
         self.grace_seconds = grace_seconds
         self.ownership_margin_seconds = ownership_margin_seconds
         self.store_timeout = store_timeout
+        # How long a commit whose answers were lost keeps asking the store how it ended
+        # (by default one more store timeout; a failover's length to ride one out).
+        self.outcome_wait_seconds = (
+            store_timeout if outcome_wait_seconds is None else outcome_wait_seconds
+        )
         self.poll_seconds = poll_seconds
         # The line every operator sees about a failure (the message itself is payload-like).
         self.error_summary = error_summary
@@ -160,6 +166,8 @@ class Worker:
         self._slot_freed: asyncio.Future[None] | None = None
         self._tool_tasks: dict[Execution, asyncio.Future[Any]] = {}
         self._shutting_down: set[Execution] = set()
+        # Set at shutdown: past it nobody waits any longer to learn how a lost commit ended.
+        self._outcome_cutoff = float("inf")
 
     # -- public ---------------------------------------------------------------------------
     async def run(self) -> None:
@@ -251,6 +259,7 @@ class Worker:
         # Also runs after a failed start: each part is closed only if it was opened.
         self._refuse_waiting()
         running = dict(self._running)
+        self._outcome_cutoff = time.monotonic() + self.grace_seconds
         if running:
             _, pending = await asyncio.wait(running, timeout=self.grace_seconds)
             for task in pending:
@@ -662,8 +671,9 @@ class Worker:
         *,
         landed_as: frozenset[str],
     ) -> bool | None:
-        """Run a conditional write (complete/fail/release). True/False as the store answers;
-        None when the store could not be reached before the lease ran out locally."""
+        """Run a conditional write (complete/fail/release). True/False as the store answers.
+        When an answer was lost, the attempt's own record says whether the write landed;
+        None when the store could not say so in time."""
         tries = 0
         while True:
             tries += 1
@@ -673,7 +683,10 @@ class Worker:
             except (StoreUnavailable, TimeoutError):
                 if execution.remaining() <= 0:
                     execution.mark_lost("ownership_unknown_past_lease")
-                    return None
+                    # A try may have landed (a failover can lose a commit's answer, not the
+                    # commit): once the store answers, the attempt's record says so. Only a
+                    # record that shows it turns "unknown" into "landed".
+                    return await self._landed(execution, landed_as) or None
                 await asyncio.sleep(min(0.5, max(0.05, execution.remaining() / 4)))
                 continue
             if accepted or tries == 1:
@@ -681,16 +694,29 @@ class Worker:
             # An earlier try may have landed although its answer was lost.
             return await self._landed(execution, landed_as)
 
-    async def _landed(self, execution: Execution, outcomes: frozenset[str]) -> bool:
-        # The attempt's own record says how it ended: a job cancelled, or failed by an
-        # expired lease, in the meantime still carries this token but was not ended by us.
-        with contextlib.suppress(Exception):
-            history = await self._q().attempts(execution.job_id, timeout=self.store_timeout)
+    async def _landed(self, execution: Execution, outcomes: frozenset[str]) -> bool | None:
+        """Whether this attempt ended as one of ``outcomes``, from its own record (a job
+        cancelled, or failed by an expired lease, in the meantime still carries this token but
+        was not ended by us). Asked until the store answers, for up to ``outcome_wait_seconds``;
+        None if it never did."""
+        deadline = min(time.monotonic() + self.outcome_wait_seconds, self._outcome_cutoff)
+        while True:
+            timeout = max(0.25, min(self.store_timeout, deadline - time.monotonic()))
+            try:
+                history = await self._q().attempts(execution.job_id, timeout=timeout)
+            except (StoreUnavailable, TimeoutError):
+                if time.monotonic() >= min(deadline, self._outcome_cutoff):
+                    return None
+                await asyncio.sleep(0.2)
+                continue
+            except Exception:
+                # Not an outage (the queue closed under a shutdown, a bug): unknown, said once.
+                logger.exception("could not read job %s's attempts", execution.job_id)
+                return None
             return any(
                 attempt.fencing_token == execution.fencing_token and attempt.outcome in outcomes
                 for attempt in history
             )
-        return False
 
     def _http_session(self) -> aiohttp.ClientSession:
         if self._session is None:

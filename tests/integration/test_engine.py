@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import orjson
 import pytest
@@ -177,12 +177,8 @@ async def test_a_closed_store_stops_the_writes_kept_trying_for_it(sqlite_url: st
 async def test_unreachable_postgres_store_is_503_and_nothing_is_forwarded(
     pg_url: str, fault: str
 ) -> None:
-    parts = urlsplit(pg_url)
-    with TcpRelay(parts.hostname or "127.0.0.1", parts.port or 5432) as relay:
-        netloc = f"{parts.username}@127.0.0.1:{relay.port}" if parts.username else ""
-        via_relay = urlunsplit(
-            (parts.scheme, netloc or f"127.0.0.1:{relay.port}", parts.path, parts.query, "")
-        )
+    with TcpRelay.to_database(pg_url) as relay:
+        via_relay = relay.url_for(pg_url)
         store = await open_gateway_store(via_relay, run_migrations=False)
         try:
             engine = Engine(store, store_timeout=1.0)
@@ -209,12 +205,8 @@ async def test_a_reservation_that_commits_after_the_503_is_released_so_the_retry
     """The decision reaches PostgreSQL and commits, but its answer never comes back: the
     client gets 503 (nothing forwarded), and the reservation it left under its own owner is
     released in the background once the store answers again, so the retry runs normally."""
-    parts = urlsplit(pg_url)
-    with TcpRelay(parts.hostname or "127.0.0.1", parts.port or 5432) as relay:
-        netloc = f"{parts.username}@127.0.0.1:{relay.port}" if parts.username else ""
-        via_relay = urlunsplit(
-            (parts.scheme, netloc or f"127.0.0.1:{relay.port}", parts.path, parts.query, "")
-        )
+    with TcpRelay.to_database(pg_url) as relay:
+        via_relay = relay.url_for(pg_url)
         # One connection, its decision statement already prepared: once deafened, the next
         # decision goes out whole (bind, execute, sync) and commits on the server. A new
         # connection opened while the answers are dropped hangs until its connect timeout:
@@ -256,12 +248,8 @@ async def test_an_answer_recorded_with_only_its_reply_lost_is_not_reported_as_lo
     finds nothing to change, and the log says the answer had landed, not that the key is no
     longer held."""
     caplog.set_level(logging.INFO, logger="fencegate.gateway")
-    parts = urlsplit(pg_url)
-    with TcpRelay(parts.hostname or "127.0.0.1", parts.port or 5432) as relay:
-        netloc = f"{parts.username}@127.0.0.1:{relay.port}" if parts.username else ""
-        via_relay = urlunsplit(
-            (parts.scheme, netloc or f"127.0.0.1:{relay.port}", parts.path, parts.query, "")
-        )
+    with TcpRelay.to_database(pg_url) as relay:
+        via_relay = relay.url_for(pg_url)
         store = await open_gateway_store(
             via_relay, run_migrations=False, pool_max_size=1, timeout=2
         )

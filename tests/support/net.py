@@ -10,6 +10,7 @@ import select
 import socket
 import threading
 import time
+from urllib.parse import urlsplit, urlunsplit
 
 # Ports handed out for servers the tests start (free_port): below Linux's ephemeral range
 # (32768-60999), where no client socket takes them, and a block of its own for each
@@ -60,6 +61,13 @@ def wait_for_port(port: int, *, host: str = "127.0.0.1", timeout: float = 15.0) 
     raise TimeoutError(f"nothing listening on {host}:{port} after {timeout}s")
 
 
+def through_port(url: str, port: int) -> str:
+    """A one-host database URL sent to 127.0.0.1:``port`` instead (a relay in between)."""
+    parts = urlsplit(url)
+    user = f"{parts.username}@" if parts.username else ""
+    return urlunsplit((parts.scheme, f"{user}127.0.0.1:{port}", parts.path, parts.query, ""))
+
+
 class TcpRelay:
     """A real TCP relay on 127.0.0.1 between a client and a server (e.g. PostgreSQL).
 
@@ -67,6 +75,8 @@ class TcpRelay:
       partition (the peers only notice through their own timeouts);
     - ``deafen()``: the client's bytes still reach the server, the server's answers are
       dropped (a statement runs and commits; its caller never hears of it);
+    - ``deafen_on(marker)``: ``deafen()`` once the client has sent ``marker`` (a value only
+      one statement carries): that statement reaches the server, its answer is lost;
     - ``heal()``: bytes flow again; bytes sent while silent are dropped, as a partition would;
     - ``cut()``: every connection is reset and new ones are refused until ``heal()``.
     """
@@ -80,12 +90,23 @@ class TcpRelay:
         self.port = int(self._listener.getsockname()[1])
         self._silent = False
         self._deaf = False
+        self._deaf_on: bytes | None = None
         self._refusing = False
         self._closed = False
         self._lock = threading.Lock()
         self._pairs: list[tuple[socket.socket, socket.socket]] = []
         self._thread = threading.Thread(target=self._accept_loop, daemon=True)
         self._thread.start()
+
+    @classmethod
+    def to_database(cls, url: str) -> TcpRelay:
+        """A relay to the server a one-host ``postgresql://`` URL names."""
+        parts = urlsplit(url)
+        return cls(parts.hostname or "127.0.0.1", parts.port or 5432)
+
+    def url_for(self, url: str) -> str:
+        """``url`` (a one-host database URL) reaching its server through this relay."""
+        return through_port(url, self.port)
 
     def __enter__(self) -> TcpRelay:
         return self
@@ -99,9 +120,13 @@ class TcpRelay:
     def deafen(self) -> None:
         self._deaf = True
 
+    def deafen_on(self, marker: bytes) -> None:
+        self._deaf_on = marker
+
     def heal(self) -> None:
         self._silent = False
         self._deaf = False
+        self._deaf_on = None
         self._refusing = False
 
     def cut(self) -> None:
@@ -161,6 +186,8 @@ class TcpRelay:
                         return
                     if not self._silent and not (self._deaf and s is b):
                         peers[s].sendall(data)
+                    if s is a and self._deaf_on is not None and self._deaf_on in data:
+                        self._deaf = True
         except (OSError, ValueError):
             pass
         finally:

@@ -11,7 +11,6 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 import pytest
@@ -52,11 +51,10 @@ def upstream() -> Iterator[UpstreamProcess]:
 @pytest.fixture
 async def partition(store_kind: str, store_url: str) -> AsyncIterator[Partition]:
     if store_kind == "postgresql":
-        parts = urlsplit(store_url)
-        with TcpRelay(parts.hostname or "127.0.0.1", parts.port or 5432) as relay:
-            netloc = f"{parts.username}@127.0.0.1:{relay.port}"
-            via_relay = urlunsplit((parts.scheme, netloc, parts.path, parts.query, ""))
-            yield Partition(via_relay, None, relay.silence, relay.heal, "TCP relay silenced")
+        with TcpRelay.to_database(store_url) as relay:
+            yield Partition(
+                relay.url_for(store_url), None, relay.silence, relay.heal, "TCP relay silenced"
+            )
         return
     switch = PartitionSwitch()
     w1_queue = await LeaseQueue.connect(store_url)

@@ -85,6 +85,9 @@ async def run_failover(
                 concurrency=2,
                 poll_seconds=0.2,
                 store_timeout=3.0,
+                # A commit whose answer the failover lost is asked after until the new
+                # primary answers: each landed commit is then reported as such.
+                outcome_wait_seconds=120.0,
                 require_synchronous_replication=True,
             )
             for i in range(2)

@@ -9,13 +9,13 @@ import sqlite3
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import pytest
 
 from fencegate.lease import LeaseQueue, StoreUnavailable
 from fencegate.store.dburl import parse_database_url
-from tests.support.net import SlowPath, TcpRelay
+from tests.support.net import SlowPath, TcpRelay, through_port
 from tests.support.waits import wait_until
 
 TIMEOUT = 1.0
@@ -25,14 +25,8 @@ SLACK = 4.0
 
 @pytest.fixture
 async def relay(pg_url: str) -> AsyncIterator[tuple[TcpRelay, str]]:
-    parts = urlsplit(pg_url)
-    with TcpRelay(parts.hostname or "127.0.0.1", parts.port or 5432) as relay:
-        netloc = (
-            f"{parts.username}@127.0.0.1:{relay.port}"
-            if parts.username
-            else (f"127.0.0.1:{relay.port}")
-        )
-        yield relay, urlunsplit((parts.scheme, netloc, parts.path, parts.query, ""))
+    with TcpRelay.to_database(pg_url) as relay:
+        yield relay, relay.url_for(pg_url)
 
 
 async def answers_unavailable(call: Callable[[], Awaitable[Any]], name: str) -> float:
@@ -151,8 +145,7 @@ async def test_a_wait_cancelled_while_its_listener_connects_leaves_the_connectio
     connection made, not one per cancelled wait, and no abandoned connection attempt."""
     parts = urlsplit(pg_url)
     with SlowPath(parts.hostname or "127.0.0.1", parts.port or 5432) as path:
-        user = f"{parts.username}@" if parts.username else ""
-        url = urlunsplit((parts.scheme, f"{user}127.0.0.1:{path.port}", parts.path, "", ""))
+        url = through_port(pg_url, path.port)
         queue = await LeaseQueue.connect(url, timeout=10, pool_max_size=2)
         unhandled: list[dict[str, Any]] = []
         loop = asyncio.get_running_loop()

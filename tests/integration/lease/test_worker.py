@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
@@ -18,6 +18,7 @@ from fencegate.lease.job import JobContext
 from fencegate.lease.metrics import WorkerMetrics
 from fencegate.lease.testing import PartitionedStore, PartitionSwitch
 from fencegate.lease.worker import Worker
+from tests.support.net import TcpRelay
 from tests.support.workers import (
     SHORT,
     claim_when_free,
@@ -499,3 +500,60 @@ async def test_an_unreachable_store_fails_the_start_with_one_clear_error() -> No
     with pytest.raises(StoreUnavailable, match="did not answer"):
         await asyncio.wait_for(worker.run(), 30)
     assert [e["event"] for e in worker.events.records] == ["worker_stopped"]
+
+
+async def test_a_commit_whose_answer_was_lost_past_the_lease_is_reported_committed(
+    pg_url: str,
+) -> None:
+    """A failover can lose a commit's answer and not the commit: the statement reaches the
+    server and commits, its answer never comes back, and the store stays away until the lease
+    has run out. The job succeeded; once the store answers again, the attempt's own record
+    says so, and the worker reports ``result_committed``, not "ownership unknown"."""
+    result = {"receipt": "rcpt-lost-answer-7f3a"}  # only the commit carries it
+
+    with TcpRelay.to_database(pg_url) as relay:
+        relay.deafen_on(result["receipt"].encode())
+        queue = await LeaseQueue.connect(pg_url, timeout=10)
+        worker = make_worker(
+            relay.url_for(pg_url),
+            {"answer": lambda job: result},
+            store_timeout=1.0,
+            outcome_wait_seconds=30.0,  # longer than the store is away here
+        )
+        remaining = _lease_remaining(worker)
+        try:
+            async with running(worker):
+                job_id = await queue.enqueue("answer", {}, **SHORT)
+                job = await wait_for_state(queue, job_id, "succeeded")
+                assert job.result == result  # it landed; the worker heard nothing
+                # Well past the lease as the worker counts it: every try since has failed,
+                # and the worker has given the lease up without an answer.
+                await wait_until(
+                    lambda: remaining() <= -1.5 or _outcomes(worker, job_id),
+                    what="the lease run out",
+                )
+                assert _outcomes(worker, job_id) == []  # not given up while the store is away
+                relay.heal()
+                await wait_until(lambda: _outcomes(worker, job_id), what="an outcome")
+        finally:
+            await queue.close()
+    assert _outcomes(worker, job_id) == ["result_committed"]
+    [committed] = [e for e in worker.events.for_job(job_id) if e["event"] == "result_committed"]
+    assert committed["result_sha256"] == digest(result)
+
+
+def _outcomes(worker: Worker, job_id: int) -> list[str]:
+    return [n for n in names(worker.events.for_job(job_id)) if n.startswith("result_")]
+
+
+def _lease_remaining(worker: Worker) -> Callable[[], float]:
+    """The worker's own count of its held lease's remaining seconds (its metrics gauge)."""
+
+    def remaining() -> float:
+        for metric in worker.metrics.registry.collect():
+            for sample in metric.samples:
+                if sample.name == "fencegate_worker_lease_remaining_seconds":
+                    return float(sample.value)
+        return float("inf")  # no lease held
+
+    return remaining
