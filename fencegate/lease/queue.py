@@ -14,6 +14,8 @@ and lease, each caller still getting its own answer. An idle queue sends a call 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import random
 import uuid
 from collections.abc import Mapping, Sequence
@@ -55,6 +57,8 @@ DEFAULT_TIMEOUT = 10.0
 # connection between their batches).
 BATCH_MAX = 64
 BATCH_IN_FLIGHT = 1
+# Claims sent together at most (each up to its own limit of leases).
+CLAIMS_MAX = 16
 
 
 class JobOptions(TypedDict, total=False):
@@ -98,6 +102,11 @@ class LeaseQueue:
         self._renewals: Batcher[Lease, datetime | None] = Batcher(
             self._extend_batch, max_batch=BATCH_MAX, max_in_flight=BATCH_IN_FLIGHT
         )
+        self._giving_back: set[asyncio.Task[None]] = set()
+        # Per kinds claimed (and the limits they count): claims of other kinds do not wait.
+        self._claims: dict[
+            tuple[tuple[str, ...] | None, tuple[str, ...]], Batcher[tuple[str, int], list[Lease]]
+        ] = {}
         self._stages: Batcher[tuple[Lease, str, str, Any], bool] = Batcher(
             self._stage_batch, max_batch=BATCH_MAX, max_in_flight=BATCH_IN_FLIGHT
         )
@@ -321,9 +330,39 @@ class LeaseQueue:
         if scheduling != self._written:
             await self._driver.declare(scheduling, timeout=timeout)
             self._written = scheduling
-        return await self._driver.claim(
-            owner_id, kinds, limit, locks=scheduling.lock_names(kinds), timeout=timeout
+        return await self._claims_of(kinds, scheduling.lock_names(kinds)).submit(
+            (owner_id, limit), timeout=timeout
         )
+
+    def _claims_of(
+        self, kinds: Sequence[str] | None, locks: Sequence[str]
+    ) -> Batcher[tuple[str, int], list[Lease]]:
+        """The batcher of the claims of these kinds: claims made while one of them is in
+        flight (several workers sharing this queue) go together as one statement."""
+        group = (None if kinds is None else tuple(kinds), tuple(locks))
+        claims = self._claims.get(group)
+        if claims is None:
+
+            async def run(wanted: list[tuple[str, int]], timeout: float) -> list[list[Lease]]:
+                return await self._driver.claim(wanted, kinds, locks=locks, timeout=timeout)
+
+            claims = self._claims[group] = Batcher(
+                run, max_batch=CLAIMS_MAX, max_in_flight=1, abandoned=self._give_back
+            )
+        return claims
+
+    def _give_back(self, wanted: tuple[str, int], leases: list[Lease]) -> None:
+        """Leases granted to a claim whose caller was cancelled meanwhile: released, so that
+        they are not held, unworked, until they expire (and cost an attempt)."""
+        if leases:
+            task = asyncio.get_running_loop().create_task(self._release_all(leases))
+            self._giving_back.add(task)
+            task.add_done_callback(self._giving_back.discard)
+
+    async def _release_all(self, leases: list[Lease]) -> None:
+        for lease in leases:
+            with contextlib.suppress(Exception):  # unreleased, it expires
+                await self._driver.release(lease, timeout=DEFAULT_TIMEOUT)
 
     async def extend(self, lease: Lease, *, timeout: float = DEFAULT_TIMEOUT) -> Lease | None:
         """Renew a lease for its own duration from now. None means the lease is lost (expired,

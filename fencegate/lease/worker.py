@@ -15,7 +15,9 @@ Group commit and claiming ahead: a tool slot is free as soon as its tool returns
 claim runs while the finished jobs commit. Their ``complete``/``fail``/stage commits, made
 concurrently, are coalesced by the queue into one conditional statement per batch (each row
 still checked against owner, token and lease, each job still answered True/False on its own),
-and the heartbeat controller renews all held leases in one statement per interval. The claim
+and the heartbeat controller renews all held leases in one statement per interval. Workers
+sharing a queue claim together the same way (one statement for the claims of one set of kinds
+made while one is in flight). The claim
 loop claims ahead: up to ``concurrency`` leases wait, held and renewed, for a tool slot, so a
 slot that frees does not wait for a round trip. Leases held at once are bounded: at most
 ``2 * concurrency`` running or waiting, ``4 * concurrency`` counting those still committing.

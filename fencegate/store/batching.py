@@ -64,8 +64,12 @@ class Batcher(Generic[I, R]):
         max_batch: int = 64,
         max_in_flight: int = 2,
         group: Callable[[I], Hashable] | None = None,
+        abandoned: Callable[[I, R], None] | None = None,
     ) -> None:
         self._run = run
+        # Told of a result whose caller stopped waiting for it (cancelled): what it holds
+        # (leases a claim granted) is nobody's unless given back.
+        self._abandoned = abandoned
         self._group = group
         self._max_batch = max_batch
         self._max_in_flight = max_in_flight
@@ -125,7 +129,9 @@ class Batcher(Generic[I, R]):
             now = time.monotonic()
             live = []
             for call in batch:
-                if call.deadline <= now:
+                if call.future.done():  # its caller was cancelled: nobody waits for it
+                    call.taken = True
+                elif call.deadline <= now:
                     call.give_up()
                 else:
                     call.taken = True
@@ -178,6 +184,8 @@ class Batcher(Generic[I, R]):
             return
         for call, result in zip(batch, results, strict=True):
             if call.future.done():
+                if self._abandoned is not None and not isinstance(result, BaseException):
+                    self._abandoned(call.item, result)
                 continue
             if isinstance(result, BaseException):
                 call.future.set_exception(result)

@@ -128,6 +128,17 @@ def stage_from(row: Row, decode: Decoding) -> StageRecord:
     )
 
 
+def split_by_slots(leases: Sequence[Lease], wanted: Sequence[tuple[str, int]]) -> list[list[Lease]]:
+    """Leases granted slot by slot (the first ``limit`` to the first claim, and so on) as one
+    list per claim."""
+    granted: list[list[Lease]] = []
+    start = 0
+    for _, limit in wanted:
+        granted.append(list(leases[start : start + limit]))
+        start += limit
+    return granted
+
+
 class Driver(abc.ABC):
     """One store under the lease queue. The writes are each store's own statements; the
     reads are shared."""
@@ -170,15 +181,16 @@ class Driver(abc.ABC):
     @abc.abstractmethod
     async def claim(
         self,
-        owner_id: str,
+        wanted: Sequence[tuple[str, int]],
         kinds: Sequence[str] | None,
-        limit: int,
         *,
         locks: Sequence[str],
         timeout: float,
-    ) -> list[Lease]:
-        """Grant up to ``limit`` leases within the limits stored; ``locks`` names the kinds
-        and providers whose limits this claim counts (claims of them take turns)."""
+    ) -> list[list[Lease]]:
+        """Grant each ``(owner, limit)`` of ``wanted`` up to ``limit`` leases within the
+        limits stored, in one transaction, the first claims first; one list per claim.
+        ``locks`` names the kinds and providers whose limits these claims count (claims of
+        them take turns)."""
 
     @abc.abstractmethod
     async def extend_many(

@@ -19,7 +19,7 @@ import asyncpg
 import orjson
 
 from fencegate.errors import StoreUnavailable
-from fencegate.lease.drivers.base import Decoding, Driver, Row, lease_from
+from fencegate.lease.drivers.base import Decoding, Driver, Row, lease_from, split_by_slots
 from fencegate.lease.models import JobState, Lease, NewJob, Scheduling
 from fencegate.store.audit import JobAudit
 from fencegate.store.migrations import migrate_postgres
@@ -303,13 +303,12 @@ class PostgresDriver(Driver):
 
     async def claim(
         self,
-        owner_id: str,
+        wanted: Sequence[tuple[str, int]],
         kinds: Sequence[str] | None,
-        limit: int,
         *,
         locks: Sequence[str],
         timeout: float,
-    ) -> list[Lease]:
+    ) -> list[list[Lease]]:
         self._notifications.mark_claimed(kinds)
         query: str
         kind_arg: str | list[str] | None
@@ -319,21 +318,24 @@ class PostgresDriver(Driver):
             query, kind_arg = Q.lease_claim_one_kind, kinds[0]
         else:
             query, kind_arg = Q.lease_claim_kinds, list(kinds)
+        # One slot per lease wanted, each named by its owner: the statement hands the n-th
+        # job it grants (in id order, as it returns them) to the n-th slot.
+        slots = [owner for owner, limit in wanted for _ in range(limit)]
 
         async def taking_turns(conn: asyncpg.Connection) -> list[asyncpg.Record]:
             # The claim's own statement must start after the locks are held, so that its
             # snapshot counts what the claims before it committed.
             async with conn.transaction():
                 await conn.execute(Q.lease_claim_lock, list(locks))
-                return list(await conn.fetch(query, owner_id, kind_arg, limit))
+                return list(await conn.fetch(query, slots, kind_arg, len(slots)))
 
         if locks:
             rows = await self._run(taking_turns, timeout=timeout)
         else:
             rows = await self._run(
-                lambda conn: conn.fetch(query, owner_id, kind_arg, limit), timeout=timeout
+                lambda conn: conn.fetch(query, slots, kind_arg, len(slots)), timeout=timeout
             )
-        return [lease_from(row, DECODING) for row in rows]
+        return split_by_slots([lease_from(row, DECODING) for row in rows], wanted)
 
     async def extend_many(
         self, leases: Sequence[Lease], *, timeout: float

@@ -351,27 +351,31 @@ class SQLiteDriver(Driver):
 
     async def claim(
         self,
-        owner_id: str,
+        wanted: Sequence[tuple[str, int]],
         kinds: Sequence[str] | None,
-        limit: int,
         *,
         locks: Sequence[str],
         timeout: float,
-    ) -> list[Lease]:
+    ) -> list[list[Lease]]:
         # One BEGIN IMMEDIATE transaction: claims take turns already, no locks needed.
         encoded, statements = _kinds(kinds), _statements(kinds)
-        leases, held_back = await self._run(
-            lambda conn: _claim(conn, owner_id, statements, encoded, limit),
-            timeout=timeout,
-            write=True,
-        )
+
+        def run(conn: sqlite3.Connection) -> tuple[list[list[Lease]], bool]:
+            granted, held_back = [], False
+            for owner_id, limit in wanted:
+                leases, held = _claim(conn, owner_id, statements, encoded, limit)
+                granted.append(leases)
+                held_back = held_back or held
+            return granted, held_back
+
+        granted, held_back = await self._run(run, timeout=timeout, write=True)
         # Work held back by a limit still looks ready to `lease_ready`: until a claim of
         # these kinds gets something again, waiting for work waits a whole poll period.
-        if held_back and not leases:
+        if held_back and not any(granted):
             self._held_back.add(encoded)
         else:
             self._held_back.discard(encoded)
-        return leases
+        return granted
 
     async def extend_many(
         self, leases: Sequence[Lease], *, timeout: float

@@ -51,7 +51,9 @@ SELECT i.ord, COALESCE(n.id, j.id) AS id
 -- longest; ties in id order), then queued work in id order, each from its own partial index.
 -- Tokens come from the one sequence and, within the batch, follow the job id: the n-th
 -- smallest id gets the n-th smallest token, whatever order the UPDATE visits its rows in.
--- $1 owner, $2 the kind filter's argument, $3 limit; the variants below differ only in the
+-- $1 the owner of each slot, $2 the kind filter's argument, $3 limit (at most the slots):
+-- the n-th job granted (in id order) goes to the n-th slot's owner, so the claims of several
+-- workers sharing a queue are one statement. The variants below differ only in the
 -- kind filter: one kind walks the (kind, priority, id) index in order, several or any walk
 -- (priority, id).
 --
@@ -202,7 +204,8 @@ tokens AS (
 ),
 granted AS (
     UPDATE fencegate_jobs AS j
-       SET state = 'running', owner_id = $1, fencing_token = (SELECT sorted FROM tokens)[c.n],
+       SET state = 'running', owner_id = ($1::text[])[c.n],
+           fencing_token = (SELECT sorted FROM tokens)[c.n],
            lease_until = now() + make_interval(secs => j.lease_seconds),
            heartbeat_at = now(), attempt = j.attempt + 1, updated_at = now(),
            error = COALESCE(c.expiry_error, j.error)

@@ -26,6 +26,8 @@ EXPIRED = 20
 LIMIT = 10
 # A claim of LIMIT jobs touches tens of rows; a tenth of the backlog is hundreds.
 SMALL = 100
+# The claim's first argument: the owner of each of its LIMIT slots.
+SLOTS = f"array_fill('w'::text, ARRAY[{LIMIT}])"
 
 JOB_COLUMNS = (
     "kind, state, owner_id, lease_until, fencing_token, attempt, idempotency_key, max_attempts,"
@@ -98,9 +100,11 @@ async def _pg_plan(url: str, name: str, mode: str) -> dict[str, Any]:
         # values known); a generic plan is what it may switch to after them.
         await conn.execute(f"SET plan_cache_mode = {mode}")
         await conn.execute(
-            f"PREPARE claim(text, {kind_type}, int) AS {queries('postgresql')[name]}"
+            f"PREPARE claim(text[], {kind_type}, int) AS {queries('postgresql')[name]}"
         )
-        raw = await conn.fetchval(f"EXPLAIN (FORMAT JSON) EXECUTE claim('w', {kind_arg}, {LIMIT})")
+        raw = await conn.fetchval(
+            f"EXPLAIN (FORMAT JSON) EXECUTE claim({SLOTS}, {kind_arg}, {LIMIT})"
+        )
     finally:
         await conn.close()
     plan: dict[str, Any] = json.loads(raw)[0]["Plan"]
@@ -155,9 +159,9 @@ async def test_postgres_claims_from_indexes_only(seeded_pg: str, name: str, mode
 # plan must still reach rows through indexes once they have grown: each statement, its
 # parameters' types and arguments that match nothing.
 PG_KEPT = {
-    "lease_claim_one_kind": "(text, text, int) AS {} ; EXECUTE s('w', 'k', 10)",
-    "lease_claim_kinds": "(text, text[], int) AS {} ; EXECUTE s('w', ARRAY['k'], 10)",
-    "lease_claim_any": "(text, text[], int) AS {} ; EXECUTE s('w', NULL, 10)",
+    "lease_claim_one_kind": "(text[], text, int) AS {} ; EXECUTE s('{{w}}', 'k', 10)",
+    "lease_claim_kinds": "(text[], text[], int) AS {} ; EXECUTE s('{{w}}', ARRAY['k'], 10)",
+    "lease_claim_any": "(text[], text[], int) AS {} ; EXECUTE s('{{w}}', NULL, 10)",
     "lease_extend_many": (
         "(bigint[], text[], bigint[]) AS {} ; EXECUTE s('{{0}}', '{{w}}', '{{0}}')"
     ),
@@ -287,8 +291,8 @@ async def test_postgres_claim_reads_a_batch_not_the_backlog(
     kind_type, _ = PG_VARIANTS[name]
     plan = await _executed_plan(
         one_kind_backlog,
-        f"(text, {kind_type}, int) AS {queries('postgresql')[name]}",
-        f"('w', {ONE_KIND_ARGS[name]}, {LIMIT})",
+        f"(text[], {kind_type}, int) AS {queries('postgresql')[name]}",
+        f"({SLOTS}, {ONE_KIND_ARGS[name]}, {LIMIT})",
     )
     nodes = [node for node, _ in _nodes(plan)]
     granted = [n["Actual Rows"] for n in nodes if n["Node Type"] == "ModifyTable"]

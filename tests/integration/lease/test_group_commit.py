@@ -209,3 +209,69 @@ async def test_sequential_completes_keep_one_connection_and_survive_losing_it(
         assert answers.count("unavailable") <= 1, answers  # only the call on the lost one
     finally:
         await queue.close()
+
+
+async def test_concurrent_claims_of_several_owners_share_a_statement(queue: LeaseQueue) -> None:
+    """Workers sharing a queue claim together: claims made while one is in flight go as one
+    statement, and each owner still gets its own leases, at most its own limit, the first
+    claims first."""
+    await queue.enqueue_many([{"kind": "shared", "payload": {"n": n}, **LONG} for n in range(9)])
+    assert await queue.claim("w0", kinds=["other"]) == []  # the queue's limits are written
+    owners = [f"w{i}" for i in range(6)]
+    before = queue.round_trips
+    granted = await asyncio.gather(
+        *(queue.claim(owner, kinds=["shared"], limit=2) for owner in owners)
+    )
+    trips = queue.round_trips - before
+    assert trips < len(owners) // 2, f"{trips} round trips for {len(owners)} concurrent claims"
+    # Nine jobs for six claims of two: the first four are filled, the fifth gets one.
+    assert [len(leases) for leases in granted] == [2, 2, 2, 2, 1, 0]
+    for owner, leases in zip(owners, granted, strict=True):
+        for lease in leases:
+            assert lease.owner_id == owner
+            job = await queue.get(lease.job_id)
+            assert (job.state, job.owner_id, job.fencing_token) == (
+                "running",
+                owner,
+                lease.fencing_token,
+            )
+            [attempt] = await queue.attempts(lease.job_id)
+            assert (attempt.owner_id, attempt.fencing_token) == (owner, lease.fencing_token)
+    leases = [lease for claim in granted for lease in claim]
+    assert len({lease.job_id for lease in leases}) == 9
+    assert len({lease.fencing_token for lease in leases}) == 9
+    # Each owner's lease is its own: another owner's commit of it is refused.
+    assert not await queue.complete(replace(granted[0][0], owner_id="w1"), "stolen")
+    assert await queue.complete(granted[0][0], "mine")
+
+
+async def test_a_claim_given_up_while_in_flight_gives_its_leases_back(
+    queue: LeaseQueue,
+) -> None:
+    """A claim whose caller is cancelled once its statement is on the way still grants (the
+    statement runs for the claims sent with it): those leases are released at once, their
+    attempt not counted, instead of being held by nobody until they expire."""
+    await queue.enqueue_many([{"kind": "given", "payload": {"n": n}, **LONG} for n in range(3)])
+    assert await queue.claim("w0", kinds=["other"]) == []  # the queue's limits are written
+    before = queue.round_trips
+    # Made together: the first goes at once, the other two queue behind it and are sent
+    # together as soon as it is answered.
+    first = asyncio.ensure_future(queue.claim("w1", kinds=["given"], limit=1))
+    behind = asyncio.ensure_future(queue.claim("w2", kinds=["given"], limit=1))
+    kept = asyncio.ensure_future(queue.claim("w3", kinds=["given"], limit=1))
+    [mine] = await first
+    assert queue.round_trips == before + 2  # the second batch is on its way
+    behind.cancel()
+    [theirs] = await kept
+    released = await wait_until(
+        lambda: _queued_again(queue, {mine.job_id, theirs.job_id}), what="the release"
+    )
+    assert released.attempt == 0, released  # the given-back lease did not cost an attempt
+    assert [a.outcome for a in await queue.attempts(released.id)] == ["released"]
+
+
+async def _queued_again(queue: LeaseQueue, taken: set[int]) -> Any:
+    for job in await queue.list_jobs(kind="given"):
+        if job.id not in taken and job.state == "queued" and await queue.attempts(job.id):
+            return job
+    return None
