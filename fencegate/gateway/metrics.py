@@ -15,6 +15,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from fencegate.counters import CachedCounter
+
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 _LATENCY_BUCKETS = (
@@ -92,28 +94,17 @@ class GatewayMetrics:
             registry=self.registry,
         )
         # Label children are cached: looking one up per request is most of the cost.
-        self._decisions: dict[tuple[str, str], Counter] = {}
-        self._tool_calls: dict[tuple[str, str, str], Counter] = {}
+        self._decisions = CachedCounter(self.requests)
+        self._tool_calls = CachedCounter(self.tool_calls)
         self._operations: dict[str, Histogram] = {}
         # Read once: the value class prometheus_client chose at import depends on it too.
         self.multiprocess_dir = os.environ.get(MULTIPROC_ENV) or None
 
     def count(self, decision: str, problem: str = "") -> None:
-        child = self._decisions.get((decision, problem))
-        if child is None:
-            child = self._decisions[(decision, problem)] = self.requests.labels(
-                decision=decision, problem=problem
-            )
-        child.inc()
+        self._decisions.inc(decision, problem)
 
     def count_tool_call(self, tool: str, decision: str, problem: str = "") -> None:
-        # Cached like `count`'s children: one per request otherwise.
-        child = self._tool_calls.get((tool, decision, problem))
-        if child is None:
-            child = self._tool_calls[(tool, decision, problem)] = self.tool_calls.labels(
-                tool=tool, decision=decision, problem=problem
-            )
-        child.inc()
+        self._tool_calls.inc(tool, decision, problem)
 
     def answer_cache_hit(self) -> None:
         self.answer_cache_hits.inc()

@@ -19,6 +19,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from fencegate.counters import CachedCounter
 from fencegate.lease.execution import Execution
 from fencegate.lease.models import Lease
 from fencegate.lease.policy import WorkClass
@@ -78,7 +79,6 @@ class WorkerMetrics:
     def __init__(self, *, registry: CollectorRegistry | None = None) -> None:
         self.registry = REGISTRY if registry is None else registry
         self._classes: dict[str, WorkClass] = {}
-        self._outcome_children: dict[tuple[str, ...], Counter] = {}
         self.live = _LiveLeases()
         self.registry.register(self.live)
         self.expired_leases = Counter(
@@ -105,6 +105,8 @@ class WorkerMetrics:
             [*LABELS, "outcome"],
             registry=self.registry,
         )
+        # Looked up once per label set: `labels()` validates and locks on every call.
+        self._outcomes = CachedCounter(self.outcomes)
 
     def declare(self, work_classes: list[WorkClass]) -> None:
         """The work classes whose provider and model label their jobs' metrics."""
@@ -118,12 +120,7 @@ class WorkerMetrics:
         return (lease.kind, provider or "", model or "")
 
     def outcome(self, lease: Lease, outcome: str) -> None:
-        labels = (*self.labels_of(lease), outcome)
-        child = self._outcome_children.get(labels)
-        if child is None:
-            # Looked up once per label set: `labels()` validates and locks on every call.
-            child = self._outcome_children[labels] = self.outcomes.labels(*labels)
-        child.inc()
+        self._outcomes.inc(*self.labels_of(lease), outcome)
 
     def close(self) -> None:
         for collector in (
