@@ -347,7 +347,7 @@ class LeaseQueue:
                 return await self._driver.claim(wanted, kinds, locks=locks, timeout=timeout)
 
             claims = self._claims[group] = Batcher(
-                run, max_batch=CLAIMS_MAX, max_in_flight=1, abandoned=self._give_back
+                run, max_batch=CLAIMS_MAX, max_in_flight=1, abandoned=self._give_back, inline=True
             )
         return claims
 

@@ -65,8 +65,13 @@ class Batcher(Generic[I, R]):
         max_in_flight: int = 2,
         group: Callable[[I], Hashable] | None = None,
         abandoned: Callable[[I, R], None] | None = None,
+        inline: bool = False,
     ) -> None:
         self._run = run
+        # With nothing in flight or queued, a call runs in its caller's task: a task of its
+        # own would start, and its answer reach the caller, each a turn of the event loop
+        # later (a busy loop's turn: a Worker's claims are on its critical path).
+        self._inline = inline
         # Told of a result whose caller stopped waiting for it (cancelled): what it holds
         # (leases a claim granted) is nobody's unless given back.
         self._abandoned = abandoned
@@ -88,12 +93,29 @@ class Batcher(Generic[I, R]):
         loop = asyncio.get_running_loop()
         future: asyncio.Future[R] = loop.create_future()
         call = _Call(item, timeout, future)
+        if self._inline and not self._in_flight and not self._pending:
+            return await self._send_inline(call)
         self._pending.append(call)
         if len(self._in_flight) < self._max_in_flight:
             self._start()
         if not call.taken:
             self._sweep_by(call.deadline)
         return await call.future
+
+    async def _send_inline(self, call: _Call[I, R]) -> R:
+        """``call`` alone, sent from its caller's task; calls made meanwhile queue behind it
+        and go together once it is answered."""
+        running = asyncio.current_task()
+        assert running is not None
+        call.taken = True
+        self._in_flight.add(running)  # counted, never awaited here
+        try:
+            await self._send_one([call])
+        finally:
+            self._in_flight.discard(running)
+            if self._pending and len(self._in_flight) < self._max_in_flight:
+                self._start()
+        return call.future.result()
 
     def _sweep_by(self, deadline: float) -> None:
         if self._sweep is not None:

@@ -92,3 +92,33 @@ async def test_a_timed_out_call_names_its_own_timeout_not_the_time_its_batch_had
     batcher: Batcher[str, str] = Batcher(run)
     with pytest.raises(StoreTimedOut, match=r"no answer within 2\.5s$"):
         await batcher.submit("a", timeout=2.5)
+
+
+async def test_an_inline_batcher_sends_a_lone_call_from_its_callers_task() -> None:
+    """``inline=True``: with nothing in flight, a call runs in its caller's own task (no task
+    of its own to wait for); calls made meanwhile queue and go together after it; a call
+    cancelled while queued is never sent."""
+    sent: list[tuple[list[int], asyncio.Task[object] | None]] = []
+    release = asyncio.Event()
+
+    async def run(items: list[int], timeout: float) -> list[int]:
+        sent.append((items, asyncio.current_task()))
+        await release.wait()
+        return [i * 10 for i in items]
+
+    batcher: Batcher[int, int] = Batcher(run, max_in_flight=1, inline=True)
+    first = asyncio.create_task(batcher.submit(1, timeout=30))
+    await asyncio.sleep(0)
+    cancelled = asyncio.create_task(batcher.submit(2, timeout=30))
+    rest = [asyncio.create_task(batcher.submit(i, timeout=30)) for i in (3, 4)]
+    await asyncio.sleep(0)
+    cancelled.cancel()
+    release.set()
+    assert await first == 10
+    assert [await t for t in rest] == [30, 40]
+    assert [items for items, _ in sent] == [[1], [3, 4]]
+    assert sent[0][1] is first  # the lone call ran in its caller's task
+    assert sent[1][1] not in (first, *rest)
+    # Idle again: the next lone call also runs inline.
+    assert await batcher.submit(5, timeout=30) == 50
+    assert sent[-1] == ([5], asyncio.current_task())
