@@ -146,6 +146,8 @@ class LeaseQueue:
         return queue
 
     async def close(self) -> None:
+        if self._giving_back:  # leases of cancelled claims, being released
+            await asyncio.wait(self._giving_back, timeout=DEFAULT_TIMEOUT)
         await self._driver.close()
 
     async def __aenter__(self) -> LeaseQueue:

@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any, cast
 import aiohttp
 
 from fencegate import tracing
+from fencegate.errors import StoreClosed
 from fencegate.lease import spans as lease_spans
 from fencegate.lease.error_summary import ErrorSummary, default_error_summary, error_record
 from fencegate.lease.errors import StoreUnavailable
@@ -706,6 +707,8 @@ class Worker:
             timeout = max(0.25, min(self.store_timeout, deadline - time.monotonic()))
             try:
                 history = await self._q().attempts(execution.job_id, timeout=timeout)
+            except StoreClosed:
+                return None  # this process closed its queue: nobody left to ask
             except (StoreUnavailable, TimeoutError):
                 if time.monotonic() >= min(deadline, self._outcome_cutoff):
                     return None

@@ -111,6 +111,12 @@ class Batcher(Generic[I, R]):
         self._in_flight.add(running)  # counted, never awaited here
         try:
             await self._send_one([call])
+        except BaseException:
+            # Cancelled while in flight: the exception is this caller's to see, raised here,
+            # not its future's to report as never retrieved.
+            if call.future.done() and not call.future.cancelled():
+                call.future.exception()
+            raise
         finally:
             self._in_flight.discard(running)
             if self._pending and len(self._in_flight) < self._max_in_flight:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 
 import pytest
 
@@ -122,3 +123,36 @@ async def test_an_inline_batcher_sends_a_lone_call_from_its_callers_task() -> No
     # Idle again: the next lone call also runs inline.
     assert await batcher.submit(5, timeout=30) == 50
     assert sent[-1] == ([5], asyncio.current_task())
+
+
+async def test_an_inline_call_cancelled_in_flight_leaves_nothing_unretrieved() -> None:
+    """The caller of an inline call cancelled while it runs sees the cancellation; nothing is
+    reported to the loop as a future whose exception nobody retrieved."""
+    reported: list[dict[str, object]] = []
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(lambda _, context: reported.append(context))
+    started, answer = asyncio.Event(), asyncio.Event()
+
+    async def run(items: list[int], timeout: float) -> list[int]:
+        started.set()
+        await answer.wait()  # not before the first call is cancelled
+        return items
+
+    batcher: Batcher[int, int] = Batcher(run, max_in_flight=1, inline=True)
+    call = asyncio.create_task(batcher.submit(1, timeout=30))
+    await started.wait()
+    call.cancel()
+    cancelled = False
+    try:
+        await call
+    except asyncio.CancelledError:  # not pytest.raises: its record would keep the frames
+        cancelled = True
+    assert cancelled
+    del call
+    for _ in range(3):  # the cancellation's traceback holds the frames a while
+        gc.collect()
+        await asyncio.sleep(0)
+    assert reported == []
+    # And the batcher is idle again: the next call runs, in its caller's task.
+    answer.set()
+    assert await batcher.submit(2, timeout=30) == 2
