@@ -189,12 +189,14 @@ async def test_postgres_away_longer_than_the_lease_gives_no_424_for_a_key_never_
 
         async def outage(senders: Senders, before_return: Callable[[], Awaitable[None]]) -> None:
             refused = senders.tally.answers["503 store-unavailable"]
-            # Its answers lost: what it receives now still commits, unheard.
+            # Its answers lost: what it receives now still commits, unheard. Cut at the first
+            # 503: the gateway then owes the release of the reservations it abandoned (sent
+            # later, through a deaf relay they would land, and leave nothing in flight).
             relay.deafen()
             await wait_until(
-                lambda: senders.tally.answers["503 store-unavailable"] >= refused + SENDERS,
+                lambda: senders.tally.answers["503 store-unavailable"] > refused,
                 timeout=15,
-                what="each sender's decision unheard",
+                what="a decision unheard",
             )
             relay.cut()
             await asyncio.sleep(OUTAGE)  # the outage itself
