@@ -9,11 +9,15 @@ answers a scrape, the counters are the gateway's, and they never go down.
 
 from __future__ import annotations
 
+import glob
 import os
+from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import Collector
 
 from fencegate.counters import CachedCounter
 
@@ -126,5 +130,20 @@ class GatewayMetrics:
             return generate_latest(self.registry)
         # Every worker's values, summed; a fresh registry per scrape, as the library asks.
         registry = CollectorRegistry()
-        MultiProcessCollector(registry, path=self.multiprocess_dir)  # type: ignore[no-untyped-call]  # untyped in prometheus-client
+        registry.register(_WrittenFilesCollector(self.multiprocess_dir))
         return generate_latest(registry)
+
+
+class _WrittenFilesCollector(Collector):
+    """`MultiProcessCollector`, over the files that hold something. A process creates its
+    file before it sizes it: a scrape in between (or after the process died there) found an
+    empty file, and the library's reader failed the whole scrape on it (a 500 for /metrics;
+    prometheus/client_python#1199). An empty file has nothing recorded yet."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def collect(self) -> Iterable[Metric]:
+        files = [f for f in glob.glob(os.path.join(self.path, "*.db")) if os.path.getsize(f)]
+        merged: Iterable[Metric] = MultiProcessCollector.merge(files, accumulate=True)  # type: ignore[no-untyped-call]  # untyped in prometheus-client
+        return merged
