@@ -85,6 +85,11 @@ class Batcher(Generic[I, R]):
         self._sweep: asyncio.TimerHandle | None = None
         self._sweep_at = 0.0
 
+    @property
+    def queued(self) -> int:
+        """Calls waiting for a batch, not yet sent."""
+        return len(self._pending)
+
     async def submit(self, item: I, *, timeout: float) -> R:
         """The item's result, within ``timeout``. A call still queued when its ``timeout``
         has passed is never sent (the caller has given up on it) and fails at once with

@@ -10,6 +10,7 @@ import pytest
 from fencegate.errors import StoreTimedOut
 from fencegate.store.base import StoreUnavailable
 from fencegate.store.batching import Batcher
+from tests.support.waits import wait_until
 
 
 async def test_calls_queued_while_others_run_go_together() -> None:
@@ -109,10 +110,10 @@ async def test_an_inline_batcher_sends_a_lone_call_from_its_callers_task() -> No
 
     batcher: Batcher[int, int] = Batcher(run, max_in_flight=1, inline=True)
     first = asyncio.create_task(batcher.submit(1, timeout=30))
-    await asyncio.sleep(0)
+    await wait_until(lambda: len(sent) == 1, what="the first call sent", timeout=5)
     cancelled = asyncio.create_task(batcher.submit(2, timeout=30))
     rest = [asyncio.create_task(batcher.submit(i, timeout=30)) for i in (3, 4)]
-    await asyncio.sleep(0)
+    await wait_until(lambda: batcher.queued == 3, what="three calls queued", timeout=5)
     cancelled.cancel()
     release.set()
     assert await first == 10
@@ -149,10 +150,20 @@ async def test_an_inline_call_cancelled_in_flight_leaves_nothing_unretrieved() -
         cancelled = True
     assert cancelled
     del call
-    for _ in range(3):  # the cancellation's traceback holds the frames a while
+    for _ in range(3):
+        # The cancelled task lets go of its frames, and the loop hears of an unretrieved
+        # exception, each in a callback of the loop's own: one has run after each collection.
+        await _callbacks_run(loop)
         gc.collect()
-        await asyncio.sleep(0)
+    await _callbacks_run(loop)
     assert reported == []
     # And the batcher is idle again: the next call runs, in its caller's task.
     answer.set()
     assert await batcher.submit(2, timeout=30) == 2
+
+
+async def _callbacks_run(loop: asyncio.AbstractEventLoop) -> None:
+    """Until the callbacks the loop had scheduled before this one have run."""
+    turned = asyncio.Event()
+    loop.call_soon(turned.set)
+    await asyncio.wait_for(turned.wait(), 5)

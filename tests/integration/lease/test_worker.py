@@ -550,10 +550,10 @@ def _lease_remaining(worker: Worker) -> Callable[[], float]:
     """The worker's own count of its held lease's remaining seconds (its metrics gauge)."""
 
     def remaining() -> float:
-        for metric in worker.metrics.registry.collect():
-            for sample in metric.samples:
-                if sample.name == "fencegate_worker_lease_remaining_seconds":
-                    return float(sample.value)
-        return float("inf")  # no lease held
+        value = worker.metrics.registry.get_sample_value(
+            "fencegate_worker_lease_remaining_seconds",
+            {"kind": "answer", "provider": "", "model": ""},
+        )
+        return float("inf") if value is None else value  # None: no lease held
 
     return remaining
