@@ -1,0 +1,139 @@
+"""The gateway's store step alone, on PostgreSQL: what a new key costs the database.
+
+`benchmarks/gateway.py` measures PostgreSQL's CPU per new key under the whole gateway; this
+drives the gateway store itself (no HTTP, no upstream, no gateway process) with the calls
+the gateway makes for a new key: ``--batch`` concurrent decisions (each a new key with a
+fence that goes up on its own entity, as in the gateway benchmark's new-key load) go to the
+database as one step, then their answers are recorded, again as one step. Each round runs
+this for ``--keys`` keys with the decision history kept and without it, on fresh
+databases, in interleaved rounds, and prints the PostgreSQL CPU per new key (the backends
+of that database, from /proc: PostgreSQL must run on this host) and its ratio to the step
+without history.
+
+    python -m benchmarks.step --keys 9600 --batch 32 --rounds 3
+
+Server from ``FENCEGATE_BENCH_DATABASE_URL`` (default postgresql://postgres@127.0.0.1:5432/postgres).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import time
+import uuid
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from benchmarks.cpu import backends_cpu, backends_spent
+from benchmarks.queue import DEFAULT_SERVER, fresh_database
+from fencegate.store import open_gateway_store
+from fencegate.store.base import DecideRequest, Outcome, Reservation, StoredResponse
+from fencegate.store.migrations import migrate
+
+OWNER = "bench-gateway/1"
+RESPONSE = StoredResponse(
+    status=200, headers=[("content-type", "application/json")], body=b'{"ok":true}', sha256=""
+)
+
+
+@dataclass
+class Measured:
+    seconds: float
+    postgres_cpu: float
+    keys: int
+
+    @property
+    def cpu_us_per_key(self) -> float:
+        return self.postgres_cpu / self.keys * 1e6
+
+    @property
+    def keys_per_second(self) -> float:
+        return self.keys / self.seconds
+
+
+async def run_steps(server: str, *, keys: int, batch: int, history: bool) -> Measured:
+    """``keys`` new keys, ``batch`` at a time: their decisions together, then their answers."""
+    async with fresh_database(server) as url:
+        await migrate(url, timeout=60)
+        store = await open_gateway_store(url, history=history, pool_max_size=4)
+        database = urlsplit(url).path.lstrip("/")
+        run = uuid.uuid4().hex[:8]
+        try:
+            before = backends_cpu(database)
+            started = time.perf_counter()
+            for fence in range(1, keys // batch + 1):
+                requests = [
+                    DecideRequest(
+                        tenant="bench",
+                        key=f"{run}:{slot}:{fence}",
+                        fingerprint="sha256:bench",
+                        entity=f"{run}:{slot}",
+                        fence=fence,
+                        owner=OWNER,
+                        lease_seconds=30.0,
+                        ttl_seconds=86_400.0,
+                        retry_unknown=False,
+                        request_id=f"{run}-{slot}-{fence}",
+                        method="POST",
+                        target="/charges",
+                    )
+                    for slot in range(batch)
+                ]
+                decisions = await asyncio.gather(*(store.decide(r, timeout=30) for r in requests))
+                if any(d.outcome is not Outcome.RESERVED for d in decisions):
+                    raise RuntimeError(f"a new key was not reserved: {decisions[0]}")
+                recorded = await asyncio.gather(
+                    *(
+                        store.complete(
+                            Reservation("bench", r.key or "", OWNER, 1, r.request_id),
+                            RESPONSE,
+                            timeout=30,
+                        )
+                        for r in requests
+                    )
+                )
+                if not all(recorded):
+                    raise RuntimeError("an answer was not recorded")
+            seconds = time.perf_counter() - started
+            spent = backends_spent(before, database)
+        finally:
+            await store.close()
+    return Measured(seconds, spent, keys // batch * batch)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--keys", type=int, default=9600)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    if args.batch < 1 or args.keys < args.batch or args.rounds < 1:
+        parser.error("--batch must be at least 1, --keys at least --batch, --rounds at least 1")
+    server = os.environ.get("FENCEGATE_BENCH_DATABASE_URL", DEFAULT_SERVER)
+    rows: dict[str, list[Measured]] = {"history kept": [], "no history": []}
+    for _ in range(args.rounds):
+        for name, history in (("history kept", True), ("no history", False)):
+            rows[name].append(
+                asyncio.run(run_steps(server, keys=args.keys, batch=args.batch, history=history))
+            )
+    floor = statistics.median(m.cpu_us_per_key for m in rows["no history"])
+    print(
+        f"{args.rounds} interleaved rounds of {args.keys} new keys, {args.batch} decisions "
+        "per step, then their answers in one step; median of the rounds\n"
+    )
+    header = ("step", "keys/s", "PG CPU us/key", "(min-max)", "x no history")
+    print(f"{header[0]:<14} {header[1]:>8} {header[2]:>14} {header[3]:>13} {header[4]:>13}")
+    for name, measured in rows.items():
+        cpu = [m.cpu_us_per_key for m in measured]
+        rate = statistics.median(m.keys_per_second for m in measured)
+        spread = f"{min(cpu):.1f}-{max(cpu):.1f}"
+        print(
+            f"{name:<14} {rate:>8.0f} {statistics.median(cpu):>14.1f} {spread:>13} "
+            f"{statistics.median(cpu) / floor:>12.2f}x"
+        )
+
+
+if __name__ == "__main__":
+    main()
