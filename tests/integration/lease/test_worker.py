@@ -8,10 +8,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import asyncpg
 import pytest
 from prometheus_client import CollectorRegistry
 
-from fencegate.lease import Lease, LeaseQueue, StoreUnavailable, WorkClass
+from fencegate.lease import Lease, LeaseQueue, RateLimit, StoreUnavailable, WorkClass
 from fencegate.lease.events import EventLog, digest
 from fencegate.lease.execution import PermanentError
 from fencegate.lease.job import JobContext
@@ -557,3 +558,64 @@ def _lease_remaining(worker: Worker) -> Callable[[], float]:
         return float("inf") if value is None else value  # None: no lease held
 
     return remaining
+
+
+async def test_until_idle_claims_again_when_its_own_jobs_ended_during_an_empty_claim(
+    pg_url: str,
+) -> None:
+    """`run_until_idle` stops when a claim finds nothing and nothing runs. A claim that
+    found nothing because the worker's own job filled its kind's limit, while that job
+    ended before the answer came, is no such proof: the worker claims once more. (With
+    several worker processes the last one standing met this, and left the rest of the
+    queue unworked.)
+
+    The claim is held up inside its statement, after it has read the jobs: the bucket of
+    the kind's provider is locked by the test, and the claim updates it."""
+    queue = await LeaseQueue.connect(pg_url)
+    holder = await asyncpg.connect(pg_url)
+    try:
+        queue.declare(WorkClass(kind="metered", max_running=1, provider="meter"))
+        queue.declare_rate_limit(RateLimit(provider="meter", limit=1000))
+        await queue.enqueue("metered", "first", **SHORT)
+        await queue.enqueue("metered", "second", **SHORT)
+        first_started, first_may_end = asyncio.Event(), asyncio.Event()
+
+        async def tool(job: JobContext) -> str:
+            if job.payload == "first":
+                first_started.set()
+                await first_may_end.wait()
+            return str(job.payload)
+
+        worker = make_worker(queue, {"metered": tool}, concurrency=2, poll_seconds=0.2)
+        run = asyncio.create_task(worker.run_until_idle())
+        try:
+            await asyncio.wait_for(first_started.wait(), 30)
+            # The next claim (every poll) reads "first" running, so finds the kind full,
+            # then waits here for the bucket.
+            transaction = holder.transaction()
+            await transaction.start()
+            await holder.execute("SELECT 1 FROM fencegate_rate_limits FOR UPDATE")
+
+            async def claim_waits_for_the_bucket() -> bool:
+                return bool(
+                    await holder.fetchval(
+                        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                        " AND pid <> pg_backend_pid() AND wait_event_type = 'Lock'"
+                    )
+                )
+
+            await wait_until(claim_waits_for_the_bucket, timeout=30)
+            first_may_end.set()
+            await wait_until(lambda: bool(worker.events.named("result_committed")), timeout=30)
+            await transaction.rollback()  # the claim goes on: it found nothing
+            await asyncio.wait_for(asyncio.shield(run), 30)
+        finally:
+            first_may_end.set()
+            if not run.done():
+                worker.stop()
+                await asyncio.wait_for(run, 30)
+        states = {job.payload: job.state for job in await queue.list_jobs(kind="metered")}
+        assert states == {"first": "succeeded", "second": "succeeded"}
+    finally:
+        await holder.close()
+        await queue.close()
