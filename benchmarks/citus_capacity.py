@@ -26,22 +26,18 @@ import argparse
 import asyncio
 import statistics
 import time
-import uuid
 from dataclasses import dataclass, field
 
 import asyncpg
 
 from benchmarks.cpu import backends_cpu
-from fencegate.store import DecideRequest, Reservation, StoredResponse, open_gateway_store
-from fencegate.store.base import GatewayStore
+from benchmarks.new_keys import one_key
+from fencegate.store import open_gateway_store
 from fencegate.store.migrations import migrate
 from tests.support.citus import CitusCluster, CitusNode, missing_citus
 
 T = 30.0
 DATABASE = "fencegate_bench"
-ANSWER = StoredResponse(
-    status=201, headers=[("content-type", "application/json")], body=b"{}", sha256=""
-)
 
 
 @dataclass
@@ -55,27 +51,6 @@ class Setup:
     settings: dict[str, str] = field(default_factory=dict)
     workers: list[str] = field(default_factory=list)
     worker_sessions: list[float] = field(default_factory=list)
-
-
-async def one_key(store: GatewayStore, tenant: str, n: int) -> None:
-    request = DecideRequest(
-        tenant=tenant,
-        key=f"k-{uuid.uuid4().hex}",
-        fingerprint="f" * 64,
-        entity=f"invoice-{n}",
-        fence=1,
-        owner=f"bench/{n}",
-        lease_seconds=30,
-        ttl_seconds=3600,
-        retry_unknown=False,
-        request_id=str(n),
-        method="POST",
-        target="/v1/charges",
-    )
-    decision = await store.decide(request, timeout=T)
-    assert decision.attempt is not None and request.key is not None
-    holder = Reservation(tenant, request.key, request.owner, decision.attempt, str(n))
-    assert await store.complete(holder, ANSWER, timeout=T)
 
 
 async def sessions(urls: list[str]) -> int:

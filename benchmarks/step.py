@@ -1,10 +1,12 @@
 """The gateway's store step alone, on PostgreSQL: what a new key costs the database.
 
 `benchmarks/gateway.py` measures PostgreSQL's CPU per new key under the whole gateway; this
-drives the gateway store itself (no HTTP, no upstream, no gateway process) with the calls
-the gateway makes for a new key: ``--batch`` concurrent decisions (each a new key with a
-fence that goes up on its own entity, as in the gateway benchmark's new-key load) go to the
-database as one step, then their answers are recorded, again as one step. Each round runs
+drives the gateway store itself (no HTTP, no upstream, no gateway process) with what the
+gateway does for a new key (`benchmarks/new_keys.py`): ``--batch`` concurrent callers, each
+reserving a new key with a fence one higher than its last on its own entity (as in the
+gateway benchmark's new-key load) and recording its answer. Their calls share the store's
+steps as the gateway's requests do: the first goes at once, what queues behind it goes
+together in the next step (decisions and answers alike). Each round runs
 this for ``--keys`` keys with the decision history kept and without it, on fresh
 databases, in interleaved rounds, and prints the PostgreSQL CPU per new key (the backends
 of that database, from /proc: PostgreSQL must run on this host) and its ratio to the step
@@ -27,15 +29,10 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from benchmarks.cpu import backends_cpu, backends_spent
+from benchmarks.new_keys import one_key
 from benchmarks.queue import DEFAULT_SERVER, fresh_database
 from fencegate.store import open_gateway_store
-from fencegate.store.base import DecideRequest, Outcome, Reservation, StoredResponse
 from fencegate.store.migrations import migrate
-
-OWNER = "bench-gateway/1"
-RESPONSE = StoredResponse(
-    status=200, headers=[("content-type", "application/json")], body=b'{"ok":true}', sha256=""
-)
 
 
 @dataclass
@@ -54,7 +51,8 @@ class Measured:
 
 
 async def run_steps(server: str, *, keys: int, batch: int, history: bool) -> Measured:
-    """``keys`` new keys, ``batch`` at a time: their decisions together, then their answers."""
+    """``keys`` new keys, ``batch`` callers at a time, each caller's fence one higher than
+    the last on its own entity."""
     async with fresh_database(server) as url:
         await migrate(url, timeout=60)
         store = await open_gateway_store(url, history=history, pool_max_size=4)
@@ -64,38 +62,12 @@ async def run_steps(server: str, *, keys: int, batch: int, history: bool) -> Mea
             before = backends_cpu(database)
             started = time.perf_counter()
             for fence in range(1, keys // batch + 1):
-                requests = [
-                    DecideRequest(
-                        tenant="bench",
-                        key=f"{run}:{slot}:{fence}",
-                        fingerprint="sha256:bench",
-                        entity=f"{run}:{slot}",
-                        fence=fence,
-                        owner=OWNER,
-                        lease_seconds=30.0,
-                        ttl_seconds=86_400.0,
-                        retry_unknown=False,
-                        request_id=f"{run}-{slot}-{fence}",
-                        method="POST",
-                        target="/charges",
-                    )
-                    for slot in range(batch)
-                ]
-                decisions = await asyncio.gather(*(store.decide(r, timeout=30) for r in requests))
-                if any(d.outcome is not Outcome.RESERVED for d in decisions):
-                    raise RuntimeError(f"a new key was not reserved: {decisions[0]}")
-                recorded = await asyncio.gather(
+                await asyncio.gather(
                     *(
-                        store.complete(
-                            Reservation("bench", r.key or "", OWNER, 1, r.request_id),
-                            RESPONSE,
-                            timeout=30,
-                        )
-                        for r in requests
+                        one_key(store, "bench", slot, entity=f"{run}:{slot}", fence=fence)
+                        for slot in range(batch)
                     )
                 )
-                if not all(recorded):
-                    raise RuntimeError("an answer was not recorded")
             seconds = time.perf_counter() - started
             spent = backends_spent(before, database)
         finally:
@@ -120,8 +92,8 @@ def main() -> None:
             )
     floor = statistics.median(m.cpu_us_per_key for m in rows["no history"])
     print(
-        f"{args.rounds} interleaved rounds of {args.keys} new keys, {args.batch} decisions "
-        "per step, then their answers in one step; median of the rounds\n"
+        f"{args.rounds} interleaved rounds of {args.keys} new keys, {args.batch} concurrent "
+        "callers (a new key and its answer each); median of the rounds\n"
     )
     header = ("step", "keys/s", "PG CPU us/key", "(min-max)", "x no history")
     print(f"{header[0]:<14} {header[1]:>8} {header[2]:>14} {header[3]:>13} {header[4]:>13}")

@@ -160,8 +160,6 @@ class Worker:
         self._stopping: asyncio.Event | None = None
         self._stop_requested = False
         self._running: dict[asyncio.Task[None], Execution] = {}
-        # Jobs this worker has finished handling so far (see `_claim_loop`).
-        self._ended = 0
         # Tools started and not yet finished: what the concurrency bounds. A job whose tool
         # returned and whose commit is on its way no longer takes a slot.
         self._tools_busy = 0
@@ -313,10 +311,10 @@ class Worker:
             while not self._stopping.is_set():
                 free = self._free_slots()
                 claimed: list[Lease] = []
-                # An empty claim proves the queue idle only if none of this worker's jobs
-                # ended while it ran: one that held its kind's last place made the claim
-                # find nothing, and the place is free now.
-                ended = self._ended
+                # An empty claim proves the queue idle only if nothing of this worker's ran
+                # while it was sent: a job that held its kind's last place made the claim
+                # find nothing, and may have ended before the answer came.
+                ran_meanwhile = bool(self._running)
                 if self._worth_claiming(free):
                     sent_at = time.monotonic()
                     try:
@@ -332,9 +330,9 @@ class Worker:
                 if claimed and self._worth_claiming():
                     continue  # there may be more ready work right now
                 if until_idle and not claimed and not self._running:
-                    if self._ended == ended:
+                    if not ran_meanwhile:
                         return
-                    continue
+                    continue  # a job ended during the claim: claim once more
                 await self._wait_for_news(stop_wait)
         finally:
             stop_wait.cancel()
@@ -426,7 +424,6 @@ class Worker:
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         execution = self._running.pop(task, None)
-        self._ended += 1
         self._news()
         if not task.cancelled() and task.exception() is not None and execution is not None:
             # The tool's own errors are handled in _settle; this is the worker failing.
