@@ -18,6 +18,7 @@ still accepts each connection and answers its requests with 503. So this protoco
   requests, or a body stalled for `STALLED_AFTER` seconds) is closed to make room, so
   hoarded sockets cannot keep a new client out; when every connection has a request in
   progress, the new one is answered 503 and closed;
+- one write per answer: a response's head leaves with its body (`HeadWithBody`);
 - the raw target: the parser cuts a ``#fragment`` off the target before the application
   sees it, so it is put back where the gateway's target check refuses it (400
   ``invalid-target``) instead of forwarding a target other than the one sent.
@@ -37,6 +38,7 @@ from typing import Any
 import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from fencegate.gateway.head_with_body import HeadWithBody
 from fencegate.gateway.http_protocol import mark_empty_query
 from fencegate.problems import Problem
 
@@ -187,6 +189,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         # A new request (not an upgrade): its body, if any, is read from here on. No timer
         # yet: most bodies come whole with their head (see `data_received`).
         self._reading_body = self.cycle is not previous
+        if self._reading_body:
+            # Its head leaves with its body (head_with_body.py); the cycle uses only the
+            # transport's methods the wrapper passes on.
+            self.cycle.transport = HeadWithBody(self.transport, self.loop)  # type: ignore[assignment]
         if b"#" in self.url:
             self._keep_fragment()
         if self.url.endswith(b"?"):

@@ -437,3 +437,45 @@ def test_a_body_still_coming_is_not_closed_to_make_room(
             answer = read_response(uploading)
     assert refused == [503, 503]
     assert answer.startswith(b"HTTP/1.1 200 ") and key.encode() in answer
+
+
+def read_head(sock: socket.socket) -> bytes:
+    """A response head alone (a HEAD answer has no body, whatever its Content-Length)."""
+    sock.settimeout(10)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    head, _, rest = data.partition(b"\r\n\r\n")
+    assert rest == b"", f"bytes after a HEAD answer's head: {rest!r}"
+    return head
+
+
+def test_answers_without_a_body_to_write_still_leave_whole(
+    upstream: UpstreamProcess, tmp_path: Path
+) -> None:
+    """The gateway holds an answer's head to write it with its body in one system call. An
+    answer with no body to write (HEAD) is sent all the same, and the connection goes on; a
+    closing answer leaves whole before the close."""
+    with GatewayProcess(upstream=upstream.url, workdir=tmp_path) as gateway:
+        with contextlib.closing(connect(gateway.port)) as sock:
+            sock.sendall(b"HEAD /charges HTTP/1.1\r\nHost: gw\r\n\r\n")
+            head = read_head(sock)
+            assert head.startswith(b"HTTP/1.1 200 ")
+            assert b"content-length: " in head.lower()
+            key = f"after-head-{uuid.uuid4().hex[:6]}"
+            sock.sendall(request_bytes("/charges", key))
+            answer = read_response(sock)
+            assert answer.startswith(b"HTTP/1.1 200 ") and key.encode() in answer
+        with contextlib.closing(connect(gateway.port)) as sock:
+            key = f"closing-{uuid.uuid4().hex[:6]}"
+            sock.sendall(
+                request_bytes("/charges", key).replace(
+                    b"Host: gw\r\n", b"Host: gw\r\nConnection: close\r\n"
+                )
+            )
+            answer = read_response(sock)
+            assert answer.startswith(b"HTTP/1.1 200 ") and key.encode() in answer
+            assert seconds_until_closed(sock, limit=10) < 10
