@@ -79,18 +79,23 @@ def request_bytes(target: str, key: str) -> bytes:
 _unread: weakref.WeakKeyDictionary[socket.socket, bytes] = weakref.WeakKeyDictionary()
 
 
-def read_response(sock: socket.socket) -> bytes:
-    """The next response on ``sock``: its head and its Content-Length body. What came in the
-    same read after that body (a pipelined answer written right after it) is kept for the
-    next call, not dropped."""
+def read_until_head_ends(sock: socket.socket, data: bytes) -> tuple[bytes, bytes]:
+    """A response head (``data``: what was read of it already) and what came after it."""
     sock.settimeout(10)
-    data = _unread.pop(sock, b"")
     while b"\r\n\r\n" not in data:
         chunk = sock.recv(65536)
         if not chunk:
             break
         data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
+    head, _, rest = data.partition(b"\r\n\r\n")
+    return head, rest
+
+
+def read_response(sock: socket.socket) -> bytes:
+    """The next response on ``sock``: its head and its Content-Length body. What came in the
+    same read after that body (a pipelined answer written right after it) is kept for the
+    next call, not dropped."""
+    head, body = read_until_head_ends(sock, _unread.pop(sock, b""))
     length = 0
     for line in head.split(b"\r\n")[1:]:
         name, _, value = line.partition(b":")
@@ -441,14 +446,7 @@ def test_a_body_still_coming_is_not_closed_to_make_room(
 
 def read_head(sock: socket.socket) -> bytes:
     """A response head alone (a HEAD answer has no body, whatever its Content-Length)."""
-    sock.settimeout(10)
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(65536)
-        if not chunk:
-            break
-        data += chunk
-    head, _, rest = data.partition(b"\r\n\r\n")
+    head, rest = read_until_head_ends(sock, b"")
     assert rest == b"", f"bytes after a HEAD answer's head: {rest!r}"
     return head
 
