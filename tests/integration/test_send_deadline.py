@@ -164,8 +164,8 @@ async def test_a_loop_stalled_after_the_last_check_does_not_write_the_request(
     checked = upstream_module._check_before_writing
     stalls: list[float] = []
 
-    async def check_then_stall(session: Any, context: Any, params: Any) -> None:
-        await checked(session, context, params)
+    def check_then_stall() -> None:
+        checked()
         if not stalls:
             stalls.append(PAUSE)
             # Nothing of this request has been written yet; the loop stalls before it is.
