@@ -15,7 +15,7 @@ import datetime as dt
 import hashlib
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -51,6 +51,8 @@ EVENT_NAMES = frozenset(
 
 def digest(value: Any) -> str:
     """``sha256:<hex>`` of a value's canonical JSON (bytes and str are hashed as they are)."""
+    if value is None:
+        return _NULL_DIGEST  # the result of every tool that returns nothing
     if isinstance(value, bytes):
         data = value
     elif isinstance(value, str):
@@ -60,21 +62,31 @@ def digest(value: Any) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
+_NULL_DIGEST = "sha256:" + hashlib.sha256(orjson.dumps(None)).hexdigest()
+
 _second_text: tuple[int, str] = (-1, "")
+# The last whole text, by (second, millisecond): events come many to a millisecond.
+_milli_text: tuple[int, int, str] = (-1, -1, "")
 
 
 def _timestamp() -> str:
     """Now, as ISO 8601 UTC to the millisecond (``isoformat(timespec="milliseconds")``'s
     text); the part up to the second is formatted once per second: a busy worker writes
     several events per job, thousands within one second."""
-    global _second_text
+    global _second_text, _milli_text
     now = time.time()
     second = int(now)
-    cached_second, text = _second_text  # one tuple: safe to read from any thread
+    milli = int((now - second) * 1000)
+    cached_second, cached_milli, whole = _milli_text  # one tuple: safe to read from any thread
+    if cached_milli == milli and cached_second == second:
+        return whole
+    cached_second, text = _second_text
     if cached_second != second:
         text = dt.datetime.fromtimestamp(second, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S")
         _second_text = (second, text)
-    return f"{text}.{int((now - second) * 1000):03d}+00:00"
+    whole = f"{text}.{milli:03d}+00:00"
+    _milli_text = (second, milli, whole)
+    return whole
 
 
 def _json_default(value: Any) -> Any:
@@ -122,7 +134,24 @@ class EventLog:
         if event not in EVENT_NAMES:
             raise ValueError(f"unknown event name {event!r}")
         record: Event = {"ts": _timestamp(), "event": event}
-        record.update({k: v for k, v in fields.items() if v is not None})
+        for key, value in fields.items():
+            if value is not None:
+                record[key] = value
+        return self._add(record)
+
+    def emit_about(self, event: str, about: Mapping[str, Any], fields: Mapping[str, Any]) -> Event:
+        """`emit` with ``about``'s fields (none of them None) first, then ``fields``: the
+        fields every event of one job carries, put together once for all of its events
+        rather than passed again, as keywords, at each."""
+        if event not in EVENT_NAMES:
+            raise ValueError(f"unknown event name {event!r}")
+        record: Event = {"ts": _timestamp(), "event": event, **about}
+        for key, value in fields.items():
+            if value is not None:
+                record[key] = value
+        return self._add(record)
+
+    def _add(self, record: Event) -> Event:
         # Serialised only when written out: a log kept in memory (or handed to a callable)
         # needs no line.
         written = self._file is not None or self._stream is not None

@@ -32,6 +32,10 @@ _current_stage: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 )
 
 
+# The fields `JobContext.emit` puts on every event of a job (those not None).
+_ABOUT = frozenset({"job", "kind", "provider", "model", "token", "worker"})
+
+
 class StageStore(Protocol):
     """The part of `LeaseQueue` that stages use."""
 
@@ -75,6 +79,19 @@ class JobContext:
         self.queue = queue
         self.events = events
         self.worker_id = worker_id
+        # The fields every event of this job starts with, in their order, put together once
+        # (None when a subclass of EventLog has an emit of its own: it gets every event).
+        self._about: dict[str, Any] | None = None
+        if type(events).emit is EventLog.emit:
+            about: dict[str, Any] = {"job": str(self._id), "kind": self._kind}
+            if self.labels[1]:
+                about["provider"] = self.labels[1]
+            if self.labels[2]:
+                about["model"] = self.labels[2]
+            about["token"] = self._token
+            if worker_id is not None:
+                about["worker"] = worker_id
+            self._about = about
         self.ownership_margin = ownership_margin
         self.signer = signer
         self._session = session
@@ -126,6 +143,14 @@ class JobContext:
     def emit(self, event: str, **fields: Any) -> None:
         if tracing.TRACER is not None:
             fields["trace_id"] = tracing.current_trace_id()
+        about = self._about
+        if about is not None:
+            if not _ABOUT.isdisjoint(fields):
+                # As the keywords below would have it: a field is the job's, or the event's.
+                repeated = min(_ABOUT & fields.keys())
+                raise TypeError(f"emit() got multiple values for keyword argument {repeated!r}")
+            self.events.emit_about(event, about, fields)
+            return
         self.events.emit(
             event,
             job=str(self._id),

@@ -66,3 +66,66 @@ def test_concurrent_writers_never_interleave_lines(tmp_path: Path) -> None:
     events = read_events(path.read_bytes().splitlines())
     assert len(events) == 800
     assert {e["job"] for e in events} == {"0", "1", "2", "3"}
+
+
+def test_a_jobs_events_carry_the_same_fields_in_the_same_order_as_a_plain_emit() -> None:
+    import datetime as dt
+
+    from fencegate.lease.execution import Execution
+    from fencegate.lease.job import JobContext
+    from fencegate.lease.models import Lease
+
+    lease = Lease(
+        job_id=7,
+        kind="ocr",
+        owner_id="w",
+        fencing_token=3,
+        lease_until=dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
+        lease_seconds=30.0,
+        heartbeat_seconds=10.0,
+        attempt=1,
+        max_attempts=3,
+        payload=None,
+        idempotency_key="k",
+        stage_timeout_seconds=None,
+        tool_timeout_seconds=None,
+    )
+
+    class Plain(EventLog):
+        # An emit of its own: the job's events come through it, as keywords.
+        def emit(self, event: str, **fields: object) -> dict[str, object]:
+            return super().emit(event, **fields)
+
+    for labels in (("ocr", "", ""), ("ocr", "acme", "m1"), ("ocr", "", "m1")):
+        fast, plain = EventLog(), Plain()
+        for log in (fast, plain):
+            job = JobContext(
+                Execution(lease, confirmed_at=0.0),
+                queue=None,  # type: ignore[arg-type]  # no stage is run
+                events=log,
+                worker_id="w",
+                ownership_margin=1.0,
+                labels=labels,
+            )
+            job.emit("result_committed", result_sha256=None, duration_seconds=0.5)
+            with pytest.raises(TypeError, match="multiple values for keyword argument 'token'"):
+                job.emit("result_committed", token=4)
+        [ours], [theirs] = fast.records, plain.records
+        assert [k for k in ours if k != "ts"] == [k for k in theirs if k != "ts"]
+        assert {k: v for k, v in ours.items() if k != "ts"} == {
+            k: v for k, v in theirs.items() if k != "ts"
+        }
+
+
+def test_digest_of_none_and_the_timestamp_text() -> None:
+    import datetime as dt
+
+    from fencegate.lease.events import _timestamp
+
+    assert digest(None) == "sha256:" + hashlib.sha256(b"null").hexdigest()
+    before = dt.datetime.now(dt.UTC).replace(microsecond=0)
+    stamps = [_timestamp() for _ in range(1000)]
+    for stamp in stamps:
+        parsed = dt.datetime.fromisoformat(stamp)
+        assert parsed >= before and stamp == parsed.isoformat(timespec="milliseconds")
+    assert stamps == sorted(stamps)
