@@ -122,6 +122,10 @@ class WorkerMetrics:
     def outcome(self, lease: Lease, outcome: str) -> None:
         self._outcomes.inc(*self.labels_of(lease), outcome)
 
+    def count_outcome(self, labels: tuple[str, str, str], outcome: str) -> None:
+        """`outcome` for labels already worked out with `labels_of`."""
+        self._outcomes.inc(*labels, outcome)
+
     def close(self) -> None:
         for collector in (
             self.live,

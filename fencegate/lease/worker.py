@@ -339,7 +339,8 @@ class Worker:
 
     async def _wait_for_news(self, stop_wait: asyncio.Future[Any]) -> None:
         """Until a slot frees, a job ends, work may be ready, stop(), or a poll period."""
-        slot = asyncio.get_running_loop().create_future()
+        assert self._loop is not None
+        slot = self._loop.create_future()
         self._slot_freed = slot
         # A job that ends resolves `slot` too (`_finished`): waiting on every running task
         # instead would add and remove a callback on each of them at every turn of this loop.
@@ -361,9 +362,9 @@ class Worker:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await listener
 
-    async def _take_slot(self) -> bool:
-        """Wait for a tool slot; False when the worker stops first (the lease is given
-        back unstarted)."""
+    def _slot_now(self) -> bool | None:
+        """A tool slot without waiting: True if one is free, False when the worker stops
+        (the lease is given back unstarted), None when the lease must wait its turn."""
         if self._stopping is not None and self._stopping.is_set():
             self._waiting -= 1
             return False
@@ -371,7 +372,16 @@ class Worker:
             self._waiting -= 1
             self._tools_busy += 1
             return True
-        turn: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        return None
+
+    async def _take_slot(self) -> bool:
+        """Wait for a tool slot; False when the worker stops first (the lease is given
+        back unstarted)."""
+        now = self._slot_now()
+        if now is not None:
+            return now
+        assert self._loop is not None
+        turn: asyncio.Future[bool] = self._loop.create_future()
         self._slot_queue.append(turn)
         try:
             return await turn
@@ -416,9 +426,14 @@ class Worker:
             await self.queue.wait_for_work(self.kinds, timeout=self.poll_seconds)
 
     def _launch(self, lease: Lease, sent_at: float) -> None:
+        assert self._loop is not None
         execution = Execution(lease, confirmed_at=sent_at)
         self._waiting += 1
-        task = asyncio.ensure_future(self._execute(execution))
+        # The loop kept from start: asyncio.ensure_future looks the running loop up (a
+        # getpid() system call) for every job. Without tracing, the attempt is the task's
+        # coroutine itself: a wrapper would be one more frame on every resume of it.
+        attempt = self._attempt(execution) if tracing.TRACER is None else self._execute(execution)
+        task = self._loop.create_task(attempt)
         self._running[task] = execution
         task.add_done_callback(self._finished)
 
@@ -442,14 +457,13 @@ class Worker:
         return min(float(lease.heartbeat_seconds), float(lease.lease_seconds) / 4)
 
     async def _execute(self, execution: Execution) -> None:
-        if tracing.TRACER is None:
-            await self._attempt(execution)
-            return
         with lease_spans.attempt_span(execution.lease, worker_id=self.worker_id):
             await self._attempt(execution)
 
-    def _outcome(self, lease: Lease, outcome: str) -> None:
-        self.metrics.outcome(lease, outcome)
+    def _outcome(self, job: JobContext, outcome: str) -> None:
+        # The labels worked out at the claim (kind and model never change with a renewal):
+        # not looked up again from the lease, through its lock, at every job's end.
+        self.metrics.count_outcome(job.labels, outcome)
         if tracing.TRACER is not None:
             lease_spans.record_outcome(outcome)
 
@@ -482,7 +496,8 @@ class Worker:
         if lease.attempt > 1:
             self.metrics.reclaimed_jobs.labels(*labels).inc()
         self.metrics.live.add(labels, execution)
-        loop = asyncio.get_running_loop()
+        loop = self._loop
+        assert loop is not None
         tool: list[asyncio.Future[Any]] = []
 
         def cancel_from_controller() -> None:
@@ -497,7 +512,10 @@ class Worker:
             execution, kind=kind, cancel=cancel_from_controller, margin=margin
         )
         try:
-            slotted = await self._take_slot()
+            # A free slot is taken here and now, without a coroutine of its own to wait in.
+            slotted = self._slot_now()
+            if slotted is None:
+                slotted = await self._take_slot()
         except BaseException:
             self._controller.unregister(execution)
             self.metrics.live.remove(execution)
@@ -517,7 +535,7 @@ class Worker:
         execution = job.execution
         if not released:
             job.emit("result_rejected", reason=execution.lost_reason, duration_seconds=0.0)
-            self._outcome(job.lease, "rejected")
+            self._outcome(job, "rejected")
             return
         given_back = await self._conditional(
             execution,
@@ -525,7 +543,7 @@ class Worker:
             landed_as=_RELEASED,
         )
         job.emit("job_released", released=bool(given_back), duration_seconds=0.0)
-        self._outcome(job.lease, "released")
+        self._outcome(job, "released")
 
     async def _run_tool_and_settle(self, job: JobContext, tool: list[asyncio.Future[Any]]) -> None:
         assert self._controller is not None
@@ -533,7 +551,7 @@ class Worker:
         lease = execution.lease
         started = time.monotonic()
         execution.start_tool(timeout=lease.tool_timeout_seconds, now=started)
-        tool_task = _start_tool(self.tools[job.kind], job)
+        tool_task = _start_tool(self.tools[job.kind], job, self._loop)
         tool.append(tool_task)
         self._tool_tasks[execution] = tool_task
         try:
@@ -574,7 +592,7 @@ class Worker:
                 error=type(error).__name__ if error is not None else None,
                 duration_seconds=duration,
             )
-            self._outcome(job.lease, "rejected")
+            self._outcome(job, "rejected")
             return
         if timed_out:
             job.emit(
@@ -591,7 +609,7 @@ class Worker:
                 landed_as=_RELEASED,
             )
             job.emit("job_released", released=bool(released), duration_seconds=duration)
-            self._outcome(job.lease, "released")
+            self._outcome(job, "released")
             return
         if error is None:
             try:
@@ -627,7 +645,7 @@ class Worker:
         )
         if committed:
             job.emit("result_committed", result_sha256=digest(result), duration_seconds=duration)
-            self._outcome(job.lease, "succeeded")
+            self._outcome(job, "succeeded")
             return
         job.emit(
             "result_rejected",
@@ -635,7 +653,7 @@ class Worker:
             result_sha256=digest(result),
             duration_seconds=duration,
         )
-        self._outcome(job.lease, "rejected")
+        self._outcome(job, "rejected")
 
     async def _fail(
         self, job: JobContext, error: BaseException, *, code: str, permanent: bool = False
@@ -653,7 +671,7 @@ class Worker:
                 reason="ownership_unknown" if accepted is None else "zero_rows",
                 error=code,
             )
-            self._outcome(job.lease, "rejected")
+            self._outcome(job, "rejected")
             return
         # Known here without asking the store (a later read could already see what the next
         # owner did with the retry): the same rule the queue applied to this call.
@@ -665,13 +683,13 @@ class Worker:
                 attempt=job.attempt,
                 max_attempts=job.lease.max_attempts,
             )
-            self._outcome(job.lease, "failed")
+            self._outcome(job, "failed")
             return
         run_after = None
         with contextlib.suppress(Exception):
             run_after = (await self._q().get(job.id, timeout=self.store_timeout)).run_after
         job.emit("retry_scheduled", error=code, attempt=job.attempt, run_after=run_after)
-        self._outcome(job.lease, "retry")
+        self._outcome(job, "retry")
 
     async def _conditional(
         self,
@@ -758,13 +776,17 @@ def run_worker(*workers: Worker) -> None:
     asyncio.run(main())
 
 
-def _start_tool(tool: Tool, job: JobContext) -> asyncio.Future[Any]:
+def _start_tool(
+    tool: Tool, job: JobContext, loop: asyncio.AbstractEventLoop | None = None
+) -> asyncio.Future[Any]:
     """The tool's outcome as a future. A plain function runs here and now: it holds the loop
     until it returns, so a task of its own could neither time it out nor cancel it, and would
     cost a task, its scheduling and a wait per job. A coroutine (an ``async def`` tool, or an
     awaitable a plain function returns) runs in a task of its own, which the timeout, the
-    heartbeat's loss of the lease and the shutdown cancel."""
-    loop = asyncio.get_running_loop()
+    heartbeat's loss of the lease and the shutdown cancel. ``loop``: the running loop, if
+    the caller kept it (looking it up costs a getpid() system call)."""
+    if loop is None:
+        loop = asyncio.get_running_loop()
     outcome: asyncio.Future[Any] = loop.create_future()
     try:
         result = tool(job)
@@ -781,6 +803,10 @@ def _start_tool(tool: Tool, job: JobContext) -> asyncio.Future[Any]:
     if inspect.isawaitable(result):
         # A coroutine becomes a task directly (no wrapping coroutine per job); a future the
         # tool returned is waited on, and cancelled, as it is.
-        return asyncio.ensure_future(result)
+        return (
+            loop.create_task(result)
+            if inspect.iscoroutine(result)
+            else asyncio.ensure_future(result)
+        )
     outcome.set_result(result)
     return outcome
