@@ -84,6 +84,9 @@ class Batcher(Generic[I, R]):
         # per call would cost more than the call under load, when most calls queue.
         self._sweep: asyncio.TimerHandle | None = None
         self._sweep_at = 0.0
+        # The loop of the calls queued or in flight (they all share one). Looked up again
+        # only when there are none: each lookup costs a getpid() system call.
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def queued(self) -> int:
@@ -95,7 +98,9 @@ class Batcher(Generic[I, R]):
         has passed is never sent (the caller has given up on it) and fails at once with
         `StoreUnavailable`; a call already sent waits for its batch, whose run is bounded by
         the earliest deadline in it, so by this call's own."""
-        loop = asyncio.get_running_loop()
+        loop = self._loop
+        if loop is None or not (self._in_flight or self._pending):
+            loop = self._loop = asyncio.get_running_loop()
         future: asyncio.Future[R] = loop.create_future()
         call = _Call(item, timeout, future)
         if self._inline and not self._in_flight and not self._pending:
@@ -134,7 +139,8 @@ class Batcher(Generic[I, R]):
                 return
             self._sweep.cancel()
         delay = max(deadline - time.monotonic(), 0.0)
-        self._sweep = asyncio.get_running_loop().call_later(delay, self._expire_due)
+        assert self._loop is not None
+        self._sweep = self._loop.call_later(delay, self._expire_due)
         self._sweep_at = deadline
 
     def _expire_due(self) -> None:
@@ -190,7 +196,8 @@ class Batcher(Generic[I, R]):
         live = self._take()
         if not live:
             return
-        task = asyncio.get_running_loop().create_task(self._send(live))
+        assert self._loop is not None
+        task = self._loop.create_task(self._send(live))
         self._in_flight.add(task)
         task.add_done_callback(self._done)
 
