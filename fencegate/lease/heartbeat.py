@@ -99,7 +99,8 @@ class HeartbeatController:
         self._wakeups: dict[int, asyncio.Event] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._due: list[_Renewal] = []
-        self._inbox: list[_Message] = []
+        # By execution (its id; the message holds the execution, so the id stays its own).
+        self._inbox: dict[int, _Message] = {}
         self._inbox_lock = threading.Lock()
         self._delivery_pending = False
         self._flush: asyncio.TimerHandle | None = None
@@ -172,6 +173,13 @@ class HeartbeatController:
     def unregister(self, execution: Execution) -> None:
         """The tool finished (or was abandoned): stop renewing at once."""
         execution.finish()
+        with self._inbox_lock:
+            pending = self._inbox.get(id(execution))
+            if pending is not None and pending[1] is not None:
+                # Its registration was never delivered: take it back, and there is nothing
+                # to stop (a short job's usual case: no message either way, per job).
+                del self._inbox[id(execution)]
+                return
         with contextlib.suppress(RuntimeError):  # the controller's loop is already closed
             self._post((execution, None))
 
@@ -185,7 +193,7 @@ class HeartbeatController:
         if loop is None or loop.is_closed():
             return
         with self._inbox_lock:
-            self._inbox.append(message)
+            self._inbox[id(message[0])] = message
             wake = not self._delivery_pending
             self._delivery_pending = True
         if wake:
@@ -193,9 +201,9 @@ class HeartbeatController:
 
     def _drain(self) -> None:
         with self._inbox_lock:
-            messages, self._inbox = self._inbox, []
+            messages, self._inbox = self._inbox, {}
             self._delivery_pending = False
-        for execution, registration in messages:
+        for execution, registration in messages.values():
             if registration is None:
                 self._wake(id(execution))
             else:
