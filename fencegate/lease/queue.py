@@ -57,12 +57,14 @@ DEFAULT_TIMEOUT = 10.0
 # connection between their batches).
 BATCH_MAX = 64
 BATCH_IN_FLIGHT = 1
-# Completions per statement: more, since jobs end in bursts as large as the claims that
-# brought them (up to 2 x concurrency per Worker, and the Workers sharing a queue claim
-# together). At 64, four Workers of concurrency 50 kept some 440 finished jobs queued behind
-# the completion in flight, each still holding its lease, task and coroutines, which the
-# garbage collector then went through again and again (gen1 + gen2: ~8 against ~3 µs per job).
-COMPLETIONS_MAX = 256
+# Completions per statement when more than two batches are queued: jobs end in bursts as large
+# as the claims that brought them, and Workers sharing a queue claim together. At 64, four
+# Workers of concurrency 50 kept some 440 finished jobs queued behind the completion in
+# flight, each still holding its lease, task and coroutines, which the garbage collector then
+# went through again and again. A burst of one Worker's (up to 2 x concurrency) keeps
+# BATCH_MAX: one statement of 100 instead of 64 + 36 cost a Worker of concurrency 50 about
+# 11% of its jobs per second (its first jobs answered later).
+COMPLETIONS_DEEP_MAX = 256
 # Claims sent together at most (each up to its own limit of leases).
 CLAIMS_MAX = 16
 
@@ -100,7 +102,10 @@ class LeaseQueue:
         # connection to the same store.
         self.url: str | None = None
         self._completions: Batcher[tuple[Lease, Any], bool] = Batcher(
-            self._complete_batch, max_batch=COMPLETIONS_MAX, max_in_flight=BATCH_IN_FLIGHT
+            self._complete_batch,
+            max_batch=BATCH_MAX,
+            max_deep_batch=COMPLETIONS_DEEP_MAX,
+            max_in_flight=BATCH_IN_FLIGHT,
         )
         self._failures: Batcher[tuple[Lease, Any, float | None], JobState | None] = Batcher(
             self._fail_batch, max_batch=BATCH_MAX, max_in_flight=BATCH_IN_FLIGHT

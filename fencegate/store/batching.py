@@ -62,6 +62,7 @@ class Batcher(Generic[I, R]):
         run: BatchRunner[I, R],
         *,
         max_batch: int = 64,
+        max_deep_batch: int | None = None,
         max_in_flight: int = 2,
         group: Callable[[I], Hashable] | None = None,
         abandoned: Callable[[I, R], None] | None = None,
@@ -77,6 +78,11 @@ class Batcher(Generic[I, R]):
         self._abandoned = abandoned
         self._group = group
         self._max_batch = max_batch
+        # A backlog of more than two batches (more callers than one statement carries, e.g.
+        # several Workers' jobs ending together) goes in batches of up to this many: at
+        # max_batch it would only grow, each queued call holding its caller meanwhile. A
+        # shallower one keeps max_batch, whose first calls are answered sooner.
+        self._max_deep_batch = max(max_deep_batch or max_batch, max_batch)
         self._max_in_flight = max_in_flight
         self._pending: list[_Call[I, R]] = []
         self._in_flight: set[asyncio.Task[None]] = set()
@@ -161,8 +167,11 @@ class Batcher(Generic[I, R]):
         """The next batch to send; calls whose deadline has passed fail here, unsent."""
         while self._pending:
             if self._group is None:
-                batch = self._pending[: self._max_batch]
-                del self._pending[: self._max_batch]
+                size = self._max_batch
+                if len(self._pending) > 2 * size:
+                    size = self._max_deep_batch
+                batch = self._pending[:size]
+                del self._pending[:size]
             else:
                 batch = self._take_group(self._group(self._pending[0].item))
             now = time.monotonic()

@@ -44,18 +44,23 @@ async def test_concurrent_completes_make_fewer_round_trips(queue: LeaseQueue) ->
     assert attempt.outcome == "succeeded"
 
 
-async def test_a_burst_of_completions_goes_in_few_statements(queue: LeaseQueue) -> None:
+async def test_a_deep_backlog_of_completions_goes_in_few_statements(queue: LeaseQueue) -> None:
     """Jobs end in bursts as large as the claims that brought them (four Workers of
     concurrency 50 sharing a queue: hundreds). The first completion goes at once; the 199
-    made meanwhile queue behind it and go together as one statement, not four."""
-    leases = await claim_jobs(queue, "burst", 200)
+    made meanwhile, more than two batches' worth, go together as one statement, not four;
+    100 (one Worker's burst) go as 64 and 36, the first 64 answered sooner."""
+    leases = await claim_jobs(queue, "burst", 301)
     before = queue.round_trips
     answers = await asyncio.gather(
-        *(queue.complete(lease, {"n": i}) for i, lease in enumerate(leases))
+        *(queue.complete(lease, {"n": i}) for i, lease in enumerate(leases[:200]))
     )
     assert answers == [True] * 200
     assert queue.round_trips - before == 2
     assert (await queue.get(leases[150].job_id)).result == {"n": 150}
+    before = queue.round_trips
+    answers = await asyncio.gather(*(queue.complete(lease, None) for lease in leases[200:]))
+    assert answers == [True] * 101
+    assert queue.round_trips - before == 3
 
 
 async def test_concurrent_extends_make_fewer_round_trips(queue: LeaseQueue) -> None:
