@@ -59,10 +59,7 @@ class HeadWithBody:
     def close(self) -> None:
         if self._flush is not None:
             self._flush.cancel()
-            self._flush = None
-        head, self._head = self._head, None
-        if head is not None and not self._transport.is_closing():
-            self._transport.write(head)
+        self._write_head()
         self._transport.close()
 
     def __getattr__(self, name: str) -> Any:

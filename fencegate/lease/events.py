@@ -63,6 +63,7 @@ def digest(value: Any) -> str:
 
 
 _NULL_DIGEST = "sha256:" + hashlib.sha256(orjson.dumps(None)).hexdigest()
+_NOTHING_ABOUT: Mapping[str, Any] = {}
 
 _second_text: tuple[int, str] = (-1, "")
 # The last whole text, by (second, millisecond): events come many to a millisecond.
@@ -131,13 +132,7 @@ class EventLog:
             self._stream.flush()
 
     def emit(self, event: str, **fields: Any) -> Event:
-        if event not in EVENT_NAMES:
-            raise ValueError(f"unknown event name {event!r}")
-        record: Event = {"ts": _timestamp(), "event": event}
-        for key, value in fields.items():
-            if value is not None:
-                record[key] = value
-        return self._add(record)
+        return self.emit_about(event, _NOTHING_ABOUT, fields)
 
     def emit_about(self, event: str, about: Mapping[str, Any], fields: Mapping[str, Any]) -> Event:
         """`emit` with ``about``'s fields (none of them None) first, then ``fields``: the

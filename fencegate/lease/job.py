@@ -32,10 +32,6 @@ _current_stage: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 )
 
 
-# The fields `JobContext.emit` puts on every event of a job (those not None).
-_ABOUT = frozenset({"job", "kind", "provider", "model", "token", "worker"})
-
-
 class StageStore(Protocol):
     """The part of `LeaseQueue` that stages use."""
 
@@ -79,19 +75,20 @@ class JobContext:
         self.queue = queue
         self.events = events
         self.worker_id = worker_id
-        # The fields every event of this job starts with, in their order, put together once
-        # (None when a subclass of EventLog has an emit of its own: it gets every event).
+        # The fields every event of this job starts with, in their order, put together once;
+        # without the empty ones for `EventLog.emit_about` (an EventLog subclass with an emit
+        # of its own still gets every field as a keyword).
+        self._fields: dict[str, Any] = {
+            "job": str(self._id),
+            "kind": self._kind,
+            "provider": self.labels[1] or None,
+            "model": self.labels[2] or None,
+            "token": self._token,
+            "worker": worker_id,
+        }
         self._about: dict[str, Any] | None = None
         if type(events).emit is EventLog.emit:
-            about: dict[str, Any] = {"job": str(self._id), "kind": self._kind}
-            if self.labels[1]:
-                about["provider"] = self.labels[1]
-            if self.labels[2]:
-                about["model"] = self.labels[2]
-            about["token"] = self._token
-            if worker_id is not None:
-                about["worker"] = worker_id
-            self._about = about
+            self._about = {k: v for k, v in self._fields.items() if v is not None}
         self.ownership_margin = ownership_margin
         self.signer = signer
         self._session = session
@@ -145,22 +142,13 @@ class JobContext:
             fields["trace_id"] = tracing.current_trace_id()
         about = self._about
         if about is not None:
-            if not _ABOUT.isdisjoint(fields):
-                # As the keywords below would have it: a field is the job's, or the event's.
-                repeated = min(_ABOUT & fields.keys())
+            if not self._fields.keys().isdisjoint(fields):
+                # As keywords would have it: a field is the job's, or the event's.
+                repeated = min(self._fields.keys() & fields.keys())
                 raise TypeError(f"emit() got multiple values for keyword argument {repeated!r}")
             self.events.emit_about(event, about, fields)
             return
-        self.events.emit(
-            event,
-            job=str(self._id),
-            kind=self._kind,
-            provider=self.labels[1] or None,
-            model=self.labels[2] or None,
-            token=self._token,
-            worker=self.worker_id,
-            **fields,
-        )
+        self.events.emit(event, **self._fields, **fields)
 
     # -- ownership ------------------------------------------------------------------------
     def guard(self) -> None:

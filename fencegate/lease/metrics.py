@@ -120,7 +120,7 @@ class WorkerMetrics:
         return (lease.kind, provider or "", model or "")
 
     def outcome(self, lease: Lease, outcome: str) -> None:
-        self._outcomes.inc(*self.labels_of(lease), outcome)
+        self.count_outcome(self.labels_of(lease), outcome)
 
     def count_outcome(self, labels: tuple[str, str, str], outcome: str) -> None:
         """`outcome` for labels already worked out with `labels_of`."""

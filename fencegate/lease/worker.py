@@ -374,12 +374,9 @@ class Worker:
             return True
         return None
 
-    async def _take_slot(self) -> bool:
-        """Wait for a tool slot; False when the worker stops first (the lease is given
-        back unstarted)."""
-        now = self._slot_now()
-        if now is not None:
-            return now
+    async def _wait_for_slot(self) -> bool:
+        """Wait for a tool slot when none is free (`_slot_now` said None); False when the
+        worker stops first (the lease is given back unstarted)."""
         assert self._loop is not None
         turn: asyncio.Future[bool] = self._loop.create_future()
         self._slot_queue.append(turn)
@@ -515,7 +512,7 @@ class Worker:
             # A free slot is taken here and now, without a coroutine of its own to wait in.
             slotted = self._slot_now()
             if slotted is None:
-                slotted = await self._take_slot()
+                slotted = await self._wait_for_slot()
         except BaseException:
             self._controller.unregister(execution)
             self.metrics.live.remove(execution)
@@ -551,6 +548,7 @@ class Worker:
         lease = execution.lease
         started = time.monotonic()
         execution.start_tool(timeout=lease.tool_timeout_seconds, now=started)
+        assert self._loop is not None
         tool_task = _start_tool(self.tools[job.kind], job, self._loop)
         tool.append(tool_task)
         self._tool_tasks[execution] = tool_task
@@ -777,16 +775,14 @@ def run_worker(*workers: Worker) -> None:
 
 
 def _start_tool(
-    tool: Tool, job: JobContext, loop: asyncio.AbstractEventLoop | None = None
+    tool: Tool, job: JobContext, loop: asyncio.AbstractEventLoop
 ) -> asyncio.Future[Any]:
     """The tool's outcome as a future. A plain function runs here and now: it holds the loop
     until it returns, so a task of its own could neither time it out nor cancel it, and would
     cost a task, its scheduling and a wait per job. A coroutine (an ``async def`` tool, or an
     awaitable a plain function returns) runs in a task of its own, which the timeout, the
-    heartbeat's loss of the lease and the shutdown cancel. ``loop``: the running loop, if
+    heartbeat's loss of the lease and the shutdown cancel. ``loop``: the running loop, as
     the caller kept it (looking it up costs a getpid() system call)."""
-    if loop is None:
-        loop = asyncio.get_running_loop()
     outcome: asyncio.Future[Any] = loop.create_future()
     try:
         result = tool(job)
