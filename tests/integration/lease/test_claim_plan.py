@@ -306,6 +306,56 @@ async def test_postgres_claim_reads_a_batch_not_the_backlog(
     assert not read, f"{name} reads the backlog to claim {LIMIT} jobs: {read}"
 
 
+# A Worker's claim: as many slots as half its leases (the claims of the Workers sharing a queue
+# go together, so a statement may carry several such batches).
+CLAIM_BATCH = 50
+
+
+@pytest.fixture
+async def queued_backlog(pg_url: str) -> AsyncIterator[LeaseQueue]:
+    """A queue of QUEUED jobs of one kind, none claimed yet, analyzed: the statistics with
+    which the planner once chose to look the whole batch up again for each job granted."""
+    queue = await LeaseQueue.connect(pg_url, timeout=30)
+    try:
+        for start in range(0, QUEUED, 500):
+            await queue.enqueue_many(
+                [{"kind": "k", "payload": n} for n in range(start, start + 500)], timeout=30
+            )
+        await _analyze(pg_url)
+        yield queue
+    finally:
+        await queue.close()
+
+
+@pytest.mark.parametrize("name", sorted(PG_VARIANTS))
+async def test_postgres_claim_touches_each_granted_job_once(
+    queued_backlog: LeaseQueue, name: str
+) -> None:
+    """A claim of CLAIM_BATCH jobs finds each job it grants by key once: its reads of the
+    jobs table, and the rows its joins throw away, grow with the batch, not with its square.
+    The grant once joined the chosen rows to an index lookup of the whole batch, run again for
+    each of them (1,400 rows read and 1,225 thrown away for a claim of 50)."""
+    kind_type, _ = PG_VARIANTS[name]
+    plan = await _executed_plan(
+        queued_backlog,
+        f"(text[], {kind_type}, int) AS {queries('postgresql')[name]}",
+        f"(array_fill('w'::text, ARRAY[{CLAIM_BATCH}]), {ONE_KIND_ARGS[name]}, {CLAIM_BATCH})",
+    )
+    nodes = [node for node, _ in _nodes(plan)]
+    granted = [n["Actual Rows"] for n in nodes if n["Node Type"] == "ModifyTable"]
+    assert CLAIM_BATCH in granted, f"{name} granted no batch: {granted}"
+    read = sum(
+        node["Actual Rows"] * node["Actual Loops"]
+        for node in nodes
+        if node.get("Relation Name") == "fencegate_jobs"
+    )
+    removed = sum(node.get("Rows Removed by Join Filter", 0) for node in nodes)
+    assert read + removed <= 4 * CLAIM_BATCH, (
+        f"{name}: {read} rows of fencegate_jobs read and {removed} removed by join filters "
+        f"to claim {CLAIM_BATCH}: {[_describe(n) for n in nodes]}"
+    )
+
+
 # Held leases, and the batch of them each batch statement presents.
 HELD = 250
 BATCH = 50
