@@ -48,6 +48,7 @@ import aiohttp
 from fencegate import tracing
 from fencegate.errors import StoreClosed
 from fencegate.lease import spans as lease_spans
+from fencegate.lease import young_generation
 from fencegate.lease.error_summary import ErrorSummary, default_error_summary, error_record
 from fencegate.lease.errors import StoreUnavailable
 from fencegate.lease.events import EventLog, digest
@@ -238,6 +239,9 @@ class Worker:
         self.events.emit(
             "worker_started", worker=self.worker_id, kinds=self.kinds, concurrency=self.concurrency
         )
+        # The leases held at once are bounded (`_free_slots`): the collector's youngest
+        # generation is made to hold their objects (`fencegate.lease.young_generation`).
+        young_generation.enter(self, leases=4 * self.concurrency)
 
     def _default_heartbeat_store(self) -> Callable[[], Awaitable[RenewingStore]]:
         from fencegate.lease.queue import LeaseQueue
@@ -280,6 +284,7 @@ class Worker:
         if self._owns_queue and self.queue is not None:
             with contextlib.suppress(Exception):
                 await self.queue.close()
+        young_generation.leave(self)
         self.events.emit("worker_stopped", worker=self.worker_id)
         await asyncio.to_thread(tracing.flush)
 

@@ -4,6 +4,7 @@ attempts, tool timeouts, cancellation, stages, graceful shutdown, waking on new 
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -19,6 +20,7 @@ from fencegate.lease.job import JobContext
 from fencegate.lease.metrics import WorkerMetrics
 from fencegate.lease.testing import PartitionedStore, PartitionSwitch
 from fencegate.lease.worker import Worker
+from fencegate.lease.young_generation import OBJECTS_PER_LEASE
 from tests.support.net import TcpRelay
 from tests.support.workers import (
     SHORT,
@@ -619,3 +621,22 @@ async def test_until_idle_claims_again_when_its_own_jobs_ended_during_an_empty_c
     finally:
         await holder.close()
         await queue.close()
+
+
+async def test_the_youngest_generation_holds_a_running_workers_leases(
+    store_url: str, queue: LeaseQueue
+) -> None:
+    """While it runs, a Worker's leases (up to 4 x concurrency, some 25 tracked objects
+    each) fit in the collector's youngest generation, so that a claim does not set off
+    collections of objects that are all alive; the threshold is put back when it stops."""
+    before = gc.get_threshold()
+    seen: list[int] = []
+
+    def look(job: JobContext) -> None:
+        seen.append(gc.get_threshold()[0])
+
+    await queue.enqueue("look", {}, **SHORT)
+    worker = make_worker(store_url, {"look": look}, concurrency=50)
+    await asyncio.wait_for(worker.run_until_idle(), 60)
+    assert seen and seen[0] >= 4 * 50 * OBJECTS_PER_LEASE
+    assert gc.get_threshold() == before
