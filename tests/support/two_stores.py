@@ -40,7 +40,8 @@ GATEWAY_SQLITE_SHIFT = [
 ]
 # The lease queue's tables emptied (ids and tokens from 1 again), and its clock moved.
 LEASE_PG_CLEAR = [
-    "TRUNCATE fencegate_job_stages, fencegate_job_attempts, fencegate_jobs RESTART IDENTITY",
+    "TRUNCATE fencegate_job_stages, fencegate_job_attempts, fencegate_job_keys, fencegate_jobs"
+    " RESTART IDENTITY",
     "TRUNCATE fencegate_work_classes, fencegate_rate_limits",
     "ALTER SEQUENCE fencegate_fencing_tokens RESTART",
 ]

@@ -12,9 +12,12 @@ SELECT clock_timestamp();
 SELECT 1;
 
 -- name: lease_enqueue
--- ON CONFLICT DO NOTHING returns nothing for a key that exists already, so the id comes from
--- the join; a key committed by another transaction after this snapshot yields NULL (the
--- driver runs the statement again).
+-- The keys go first, into fencegate_job_keys (006_job_keys.sql): a job is inserted only for a
+-- key this statement inserted, with the id set aside for it, so a key already taken (or taken
+-- meanwhile by a transaction that committed: ON CONFLICT waits for it) adds no job. Ids follow
+-- each key's first place in the batch. A key taken already gets its job's id from the join;
+-- one committed by another transaction after this snapshot yields NULL (the driver runs the
+-- statement again).
 WITH input AS (
     SELECT *
       FROM unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::float8[], $6::float8[],
@@ -24,24 +27,41 @@ WITH input AS (
                 jitter_seconds, stage_timeout_seconds, tool_timeout_seconds, run_after_seconds,
                 priority, concurrency_key, model, ord)
 ),
+firsts AS (
+    SELECT DISTINCT ON (idempotency_key) * FROM input ORDER BY idempotency_key, ord
+),
+ids AS (
+    SELECT array_agg(t.id ORDER BY t.id) AS sorted
+      FROM (SELECT nextval('fencegate_jobs_id_seq') AS id FROM firsts) AS t
+),
+numbered AS (
+    SELECT f.*, (SELECT sorted FROM ids)[row_number() OVER (ORDER BY f.ord)] AS id
+      FROM firsts AS f
+),
+keyed AS (
+    INSERT INTO fencegate_job_keys (idempotency_key, job_id)
+    SELECT idempotency_key, id FROM numbered ORDER BY id
+    ON CONFLICT (idempotency_key) DO NOTHING
+    RETURNING idempotency_key, job_id
+),
 inserted AS (
-    INSERT INTO fencegate_jobs (kind, payload, idempotency_key, max_attempts, lease_seconds,
+    INSERT INTO fencegate_jobs (id, kind, payload, idempotency_key, max_attempts, lease_seconds,
                                 heartbeat_seconds, jitter_seconds, stage_timeout_seconds,
                                 tool_timeout_seconds, run_after, priority, concurrency_key,
                                 model)
-    SELECT kind, COALESCE(payload::jsonb, 'null'::jsonb), idempotency_key, max_attempts,
-           lease_seconds, heartbeat_seconds,
-           jitter_seconds, stage_timeout_seconds, tool_timeout_seconds,
-           now() + make_interval(secs => run_after_seconds), priority, concurrency_key, model
-      FROM input
-     ORDER BY ord
-    ON CONFLICT (idempotency_key) DO NOTHING
-    RETURNING id, idempotency_key
+    OVERRIDING SYSTEM VALUE
+    SELECT n.id, n.kind, COALESCE(n.payload::jsonb, 'null'::jsonb), n.idempotency_key,
+           n.max_attempts, n.lease_seconds, n.heartbeat_seconds,
+           n.jitter_seconds, n.stage_timeout_seconds, n.tool_timeout_seconds,
+           now() + make_interval(secs => n.run_after_seconds), n.priority, n.concurrency_key,
+           n.model
+      FROM numbered AS n JOIN keyed AS k ON k.job_id = n.id
+     ORDER BY n.id
 )
-SELECT i.ord, COALESCE(n.id, j.id) AS id
+SELECT i.ord, COALESCE(k.job_id, e.job_id) AS id
   FROM input AS i
-  LEFT JOIN inserted AS n ON n.idempotency_key = i.idempotency_key
-  LEFT JOIN fencegate_jobs AS j ON j.idempotency_key = i.idempotency_key
+  LEFT JOIN keyed AS k ON k.idempotency_key = i.idempotency_key
+  LEFT JOIN fencegate_job_keys AS e ON e.idempotency_key = i.idempotency_key
  ORDER BY i.ord;
 
 -- template: lease_claim

@@ -33,6 +33,7 @@ TABLES = (
     "fencegate_audit",
     "fencegate_job_stages",
     "fencegate_job_attempts",
+    "fencegate_job_keys",
     "fencegate_jobs",
     "fencegate_rate_limits",
     "fencegate_work_classes",

@@ -71,7 +71,12 @@ async def test_a_queue_works_in_the_schema_its_url_names(pg_url: str) -> None:
             " WHERE table_name LIKE 'fencegate_job%' ORDER BY 1, 2"
         )
         in_schema = {r["table_name"] for r in rows if r["table_schema"] == "fg_lease_test"}
-        assert in_schema == {"fencegate_jobs", "fencegate_job_attempts", "fencegate_job_stages"}
+        assert in_schema == {
+            "fencegate_jobs",
+            "fencegate_job_keys",
+            "fencegate_job_attempts",
+            "fencegate_job_stages",
+        }
         count = await conn.fetchval("SELECT count(*) FROM fg_lease_test.fencegate_jobs")
         assert count == 2
         # The fresh database's own tables in public were not touched.
