@@ -264,6 +264,7 @@ class Worker:
 
     async def _shutdown(self) -> None:
         # Also runs after a failed start: each part is closed only if it was opened.
+        young_generation.leave(self)
         self._refuse_waiting()
         running = dict(self._running)
         self._outcome_cutoff = time.monotonic() + self.grace_seconds
@@ -284,7 +285,6 @@ class Worker:
         if self._owns_queue and self.queue is not None:
             with contextlib.suppress(Exception):
                 await self.queue.close()
-        young_generation.leave(self)
         self.events.emit("worker_stopped", worker=self.worker_id)
         await asyncio.to_thread(tracing.flush)
 

@@ -214,8 +214,10 @@ spent AS (
 ),
 picked AS (
     -- The jobs chosen, in id order: the n-th of them goes to the n-th slot's owner and gets
-    -- the n-th smallest token.
-    SELECT array_agg(c.id ORDER BY c.id) AS ids FROM chosen AS c
+    -- the n-th smallest token (and, an expired lease, its error).
+    SELECT array_agg(c.id ORDER BY c.id) AS ids,
+           array_agg(c.expiry_error ORDER BY c.id) AS errors
+      FROM chosen AS c
 ),
 tokens AS (
     -- One array, read by position: a join of the numbered rows to their tokens was a nested
@@ -227,8 +229,7 @@ granted AS (
     -- Each job found by primary key, its place in the batch by its position in `ids`: no
     -- join. Joined to the chosen rows, the update became (after ANALYZE of a queue of
     -- queued jobs) a nested loop that looked the whole batch up again for each chosen row:
-    -- a claim of 50 read 1,400 rows and threw 1,225 away. An expired lease is the one chosen
-    -- row still running; its error says so (the text the `expired` candidates carry).
+    -- a claim of 50 read 1,400 rows and threw 1,225 away.
     UPDATE fencegate_jobs AS j
        SET state = 'running',
            owner_id = ($1::text[])[array_position((SELECT ids FROM picked), j.id)],
@@ -236,10 +237,9 @@ granted AS (
                = (SELECT sorted FROM tokens)[array_position((SELECT ids FROM picked), j.id)],
            lease_until = now() + make_interval(secs => j.lease_seconds),
            heartbeat_at = now(), attempt = j.attempt + 1, updated_at = now(),
-           error = CASE WHEN j.state = 'running'
-                        THEN to_jsonb(format('lease expired on attempt %s of %s', j.attempt,
-                                             j.max_attempts))
-                        ELSE j.error END
+           error = COALESCE(
+               (SELECT errors FROM picked)[array_position((SELECT ids FROM picked), j.id)],
+               j.error)
      WHERE j.id = ANY((SELECT ids FROM picked)::bigint[])
     RETURNING j.*
 ),
