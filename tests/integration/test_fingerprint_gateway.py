@@ -76,5 +76,8 @@ def test_no_input_makes_the_gateway_fail_or_forward_garbage(tmp_path: Path) -> N
     try:
         check()
     finally:
+        # The middleware's gateway registration heartbeats until it is closed (with no
+        # lifespan here, by hand), as an application's shutdown would.
+        loop.run_until_complete(app.close())
         loop.run_until_complete(store.close())
         loop.close()
