@@ -100,7 +100,10 @@ class EventLog:
     """Thread-safe: the heartbeat thread and the worker's loop write to the same log.
 
     ``sink`` is a path (appended to), a text or binary stream, a callable taking the event
-    dict, or None (kept in memory only). ``keep`` keeps the last events in ``records``.
+    dict, or None (kept in memory only). ``keep`` keeps at least the last ``keep`` events in
+    ``records``, and at most an eighth more: the oldest go in one cut once that many more
+    have come, not one at every event (a cut moves every record kept, some 1.3 µs per event
+    at the default ``keep`` of 10,000).
     """
 
     def __init__(
@@ -111,6 +114,7 @@ class EventLog:
     ) -> None:
         self._lock = threading.Lock()
         self._keep = keep
+        self._trim_at = keep + max(keep // 8, 1)
         self.records: list[Event] = []
         self._file: IO[bytes] | None = None
         self._stream: Any = None
@@ -154,7 +158,7 @@ class EventLog:
         with self._lock:
             if self._keep:
                 self.records.append(record)
-                if len(self.records) > self._keep:
+                if len(self.records) > self._trim_at:
                     del self.records[: len(self.records) - self._keep]
             if written:
                 self._write(line)

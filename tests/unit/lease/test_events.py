@@ -129,3 +129,14 @@ def test_digest_of_none_and_the_timestamp_text() -> None:
         parsed = dt.datetime.fromisoformat(stamp)
         assert parsed >= before and stamp == parsed.isoformat(timespec="milliseconds")
     assert stamps == sorted(stamps)
+
+
+def test_records_keep_the_newest_events_within_their_bound() -> None:
+    """``keep`` bounds the records kept in memory: never fewer than the last ``keep``
+    events, never more than an eighth more, the newest always last, the oldest gone first."""
+    log = EventLog(keep=80)
+    for n in range(1, 1001):
+        log.emit("job_claimed", job=str(n))
+        jobs = [int(record["job"]) for record in log.records]
+        assert min(n, 80) <= len(jobs) <= 90
+        assert jobs == list(range(n - len(jobs) + 1, n + 1))
