@@ -253,23 +253,30 @@ async def _executed_plan(queue: LeaseQueue, prepare: str, execute: str) -> dict[
     return plan
 
 
-@pytest.fixture
-async def one_kind_backlog(pg_url: str) -> AsyncIterator[LeaseQueue]:
-    """A queue in use whose jobs are all of one kind (a common queue: a selectivity of 1
-    for the kind, and 0 for "not this kind"): QUEUED jobs waiting, FINISHED done, analyzed."""
+async def _backlog(pg_url: str, *, queued: int, finished: int) -> AsyncIterator[LeaseQueue]:
+    """A queue whose jobs are all of one kind: ``queued`` waiting, ``finished`` done,
+    analyzed (both multiples of 500)."""
     queue = await LeaseQueue.connect(pg_url, timeout=30)
     try:
-        for start in range(0, QUEUED + FINISHED, 500):
+        for start in range(0, queued + finished, 500):
             await queue.enqueue_many(
                 [{"kind": "k", "payload": n} for n in range(start, start + 500)], timeout=30
             )
-        for _ in range(FINISHED // 500):
+        for _ in range(finished // 500):
             leases = await queue.claim("w", kinds=["k"], limit=500, timeout=30)
             await queue.complete_many([(lease, None) for lease in leases], timeout=30)
         await _analyze(pg_url)
         yield queue
     finally:
         await queue.close()
+
+
+@pytest.fixture
+async def one_kind_backlog(pg_url: str) -> AsyncIterator[LeaseQueue]:
+    """A queue in use whose jobs are all of one kind (a common queue: a selectivity of 1
+    for the kind, and 0 for "not this kind"): QUEUED jobs waiting, FINISHED done, analyzed."""
+    async for queue in _backlog(pg_url, queued=QUEUED, finished=FINISHED):
+        yield queue
 
 
 # A claim of each variant, run against a backlog of one kind.
@@ -315,16 +322,8 @@ CLAIM_BATCH = 50
 async def queued_backlog(pg_url: str) -> AsyncIterator[LeaseQueue]:
     """A queue of QUEUED jobs of one kind, none claimed yet, analyzed: the statistics with
     which the planner once chose to look the whole batch up again for each job granted."""
-    queue = await LeaseQueue.connect(pg_url, timeout=30)
-    try:
-        for start in range(0, QUEUED, 500):
-            await queue.enqueue_many(
-                [{"kind": "k", "payload": n} for n in range(start, start + 500)], timeout=30
-            )
-        await _analyze(pg_url)
+    async for queue in _backlog(pg_url, queued=QUEUED, finished=0):
         yield queue
-    finally:
-        await queue.close()
 
 
 @pytest.mark.parametrize("name", sorted(PG_VARIANTS))
