@@ -211,18 +211,16 @@ async def test_two_reconcilers_never_claim_one_key(
     try:
         a, b = reconcile_store(store), reconcile_store(other)
         seen: list[list[str]] = [[], []]
-
-        start = asyncio.Event()
-
-        async def poll(r: ReconcileStore, into: list[str]) -> None:
-            await start.wait()
-            while batch := await claim(r, limit=3):
+        # Both claims of a round are in flight at once, so each round is a race; rounds go on
+        # until neither finds a key. Each claims in the first round whatever the order, since
+        # a claim of 3 leaves 37 due for the other (a free-running pair let one take all 40
+        # while the other's first query was still opening its connection).
+        for _round in range(len(keys)):  # bounded: each round claims at least one key or ends
+            batches = await asyncio.gather(claim(a, limit=3), claim(b, limit=3))
+            if not any(batches):
+                break
+            for into, batch in zip(seen, batches, strict=True):
                 into.extend(c.key for c in batch)
-                await asyncio.sleep(0.005)  # the other's turn to claim
-
-        polls = asyncio.gather(poll(a, seen[0]), poll(b, seen[1]))
-        start.set()
-        await polls
     finally:
         await other.close()
     assert sorted(seen[0] + seen[1]) == keys  # every key once, none twice
