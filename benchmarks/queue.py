@@ -872,7 +872,7 @@ async def procrastinate_throughput(server: str, *, jobs: int, concurrency: int) 
     async with procrastinate_app(server, concurrency=concurrency) as (app, url):
         done = 0
 
-        @app.task(name="noop")
+        @app.task(name="noop")  # type: ignore[untyped-decorator]
         async def noop(n: int) -> None:
             nonlocal done
             done += 1
@@ -911,7 +911,7 @@ async def procrastinate_pickup(server: str, *, samples: int, concurrency: int) -
     async with procrastinate_app(server, concurrency=concurrency) as (app, _url):
         got: asyncio.Queue[float] = asyncio.Queue()
 
-        @app.task(name="ping")
+        @app.task(name="ping")  # type: ignore[untyped-decorator]
         async def ping(n: int, sent: float) -> None:
             got.put_nowait(time.perf_counter() - sent)
 

@@ -132,12 +132,18 @@ def run_gateway(config: Path) -> Iterator[str]:
         process.wait(10)
 
 
+def call_meta(key: str, fence: int | None = None) -> Any:
+    """A tool call's ``_meta``: its idempotency key, and its fencing token if any (typed
+    Any: the SDK's type for ``_meta`` does not name fencegate's fields)."""
+    return {KEY_META: key} if fence is None else {KEY_META: key, FENCE_META: fence}
+
+
 async def call_with_retries(
     session: Client, arguments: dict[str, Any], *, key: str, fence: int, attempts: int = 20
 ) -> str:
     """What an agent's tool runner does: the same key on every attempt, and a wait where
     the gateway says the first attempt is still running."""
-    meta: Any = {KEY_META: key, FENCE_META: fence}
+    meta = call_meta(key, fence)
     for _ in range(attempts):
         try:
             result = await session.call_tool("charge", arguments, meta=meta)
@@ -171,7 +177,7 @@ async def agent(url: str) -> None:
         )
         await asyncio.to_thread(started["o-2"].wait, 10)  # the server has started it
         try:
-            await other.call_tool("charge", slow, meta={KEY_META: "run-7:charge:o-2"})
+            await other.call_tool("charge", slow, meta=call_meta("run-7:charge:o-2"))
         except MCPError as error:
             print(f"a copy while o-2 still runs          -> {refusal(error)}")
         copy = await call_with_retries(other, slow, key="run-7:charge:o-2", fence=3)
@@ -180,12 +186,12 @@ async def agent(url: str) -> None:
 
         try:
             await session.call_tool(
-                "charge", {"order": "o-1", "amount": 1}, meta={KEY_META: "run-7:charge:o-1"}
+                "charge", {"order": "o-1", "amount": 1}, meta=call_meta("run-7:charge:o-1")
             )
         except MCPError as error:
             print(f"the same key, another amount         -> {refusal(error)}")
         try:
-            stale: Any = {KEY_META: "run-6:charge:o-1", FENCE_META: 2}
+            stale = call_meta("run-6:charge:o-1", 2)
             await session.call_tool("charge", first, meta=stale)
         except MCPError as error:
             print(f"a replaced agent run, token 2        -> {refusal(error)}")

@@ -64,7 +64,7 @@ def tools(seen: Seen) -> dict[str, Any]:
     async def browse(job: JobContext) -> str:
         seen.order.append(job.payload["page"])
         await seen.run("browse", seconds=0.2)
-        return job.payload["page"]
+        return str(job.payload["page"])
 
     async def create_case(job: JobContext) -> str:
         await seen.run("create_case", str(job.lease.concurrency_key), seconds=0.1)
