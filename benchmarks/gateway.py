@@ -29,7 +29,8 @@ fast middleware that runs a request twice is no comparison.
 The tables show medians over the rounds; a ratio is taken within each round, so a machine
 that is busy with something else for a while slows both sides of it. Then, unless
 ``--no-profile``, py-spy samples the PostgreSQL gateway under load and prints where the time
-goes (by package, and the functions with the most samples of their own).
+goes (by package, and the functions with the most samples of their own); the bare proxy too,
+sampled the same way, for what the two share (the HTTP server and client, the event loop).
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ from tests.support.net import free_port, wait_for_port
 from tests.support.upstream import UpstreamProcess
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+BARE = "bare proxy (no store)"
 
 
 @dataclass
@@ -420,7 +422,8 @@ def profile(
     warmup: float,
     native: bool,
 ) -> tuple[Path, dict[str, Any]]:
-    raw = out_dir / f"profile-{scenario.mode}.txt"
+    slug = "bare" if scenario.name == BARE else scenario.mode
+    raw = out_dir / f"profile-{slug}.txt"
     load: dict[str, Any] = {}
 
     def drive() -> None:
@@ -701,7 +704,7 @@ def main(argv: list[str] | None = None) -> int:
         up = (upstream.pid,)
         gateway = [
             Scenario("upstream alone", upstream.url, "new-keys", upstream.pid),
-            Scenario("bare proxy (no store)", bare_url, "new-keys", bare_pid, None, up),
+            Scenario(BARE, bare_url, "new-keys", bare_pid, None, up),
             Scenario(
                 "fencegate SQLite, new key + fence",
                 gw_sqlite.url,
@@ -907,9 +910,10 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         out_dir = args.profile_dir or tmp
         out_dir.mkdir(parents=True, exist_ok=True)
-        profiled = ("fencegate PG, new key + fence", "fencegate PG, replay")
+        profiled = (BARE, "fencegate PG, new key + fence", "fencegate PG, replay")
         for scenario in [s for s in gateway if s.name in profiled]:
-            scraped = scrape_latency(scenario.url)
+            # The bare proxy has no /metrics of its own (it would forward the scrape).
+            scraped = scrape_latency(scenario.url) if scenario.name != BARE else None
             raw, load = profile(
                 scenario,
                 py_spy=py_spy,
@@ -923,7 +927,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"\nprofile of {scenario.name} (pid {scenario.pid}, "
                 f"{load.get('rps', float('nan')):.0f} req/s while sampled):"
             )
-            print(latency_breakdown(scraped, scrape_latency(scenario.url)))
+            if scraped is not None:
+                print(latency_breakdown(scraped, scrape_latency(scenario.url)))
             print(summarize_profile(raw) if raw.exists() else "  (py-spy produced nothing)")
             if args.profile_dir:
                 print(f"  raw stacks: {raw}")
