@@ -10,9 +10,10 @@ together in the next step (decisions and answers alike). Each round runs
 this for ``--keys`` keys with the decision history kept and without it, on fresh
 databases, in interleaved rounds, and prints the PostgreSQL CPU per new key (the backends
 of that database, from /proc: PostgreSQL must run on this host) and its ratio to the step
-without history, and this process's CPU per new key: the store's client side alone (each
-step's arguments, asyncpg's encoding and decoding, the batching, the event loop), on uvloop
-as under `fencegate serve`, against the same process's CPU per bare ``SELECT 1`` round trip.
+without history, and this process's CPU per new key: the store's client side without HTTP
+(each step's arguments, asyncpg's encoding and decoding, the batching, the event loop, and
+the callers' own tasks), on uvloop as under `fencegate serve`, against the same process's
+CPU per bare ``SELECT 1`` round trip.
 
     python -m benchmarks.step --keys 9600 --batch 32 --rounds 3
 
