@@ -287,6 +287,21 @@ ONE_KIND_ARGS = {
 }
 
 
+async def _granted_claim(queue: LeaseQueue, name: str, limit: int) -> list[dict[str, Any]]:
+    """The nodes of an executed claim (statement ``name``, one kind) of ``limit`` slots of one
+    job each, on the queue's own connection; asserts that it ran and granted the whole batch."""
+    kind_type, _ = PG_VARIANTS[name]
+    plan = await _executed_plan(
+        queue,
+        f"(text[], {kind_type}, int) AS {queries('postgresql')[name]}",
+        f"(array_fill('w'::text, ARRAY[{limit}]), {ONE_KIND_ARGS[name]}, {limit})",
+    )
+    nodes = [node for node, _ in _nodes(plan)]
+    granted = [n["Actual Rows"] for n in nodes if n["Node Type"] == "ModifyTable"]
+    assert limit in granted, f"{name} granted no batch: {granted}"  # it ran, and claimed
+    return nodes
+
+
 @pytest.mark.parametrize("name", sorted(PG_VARIANTS))
 async def test_postgres_claim_reads_a_batch_not_the_backlog(
     one_kind_backlog: LeaseQueue, name: str
@@ -295,15 +310,7 @@ async def test_postgres_claim_reads_a_batch_not_the_backlog(
     a claim of LIMIT jobs reads about LIMIT queued rows, whatever the backlog. A bitmap scan
     (the planner's pick once it estimated the filtered rows at one) read and sorted every
     queued job before the limit: 4,000 rows for 10 jobs."""
-    kind_type, _ = PG_VARIANTS[name]
-    plan = await _executed_plan(
-        one_kind_backlog,
-        f"(text[], {kind_type}, int) AS {queries('postgresql')[name]}",
-        f"({SLOTS}, {ONE_KIND_ARGS[name]}, {LIMIT})",
-    )
-    nodes = [node for node, _ in _nodes(plan)]
-    granted = [n["Actual Rows"] for n in nodes if n["Node Type"] == "ModifyTable"]
-    assert LIMIT in granted, f"{name} granted no batch: {granted}"  # it ran, and claimed
+    nodes = await _granted_claim(one_kind_backlog, name, LIMIT)
     read = [
         f"{_describe(node)}: {node['Actual Rows'] * node['Actual Loops']} rows read"
         for node in nodes
@@ -334,15 +341,7 @@ async def test_postgres_claim_touches_each_granted_job_once(
     jobs table, and the rows its joins throw away, grow with the batch, not with its square.
     The grant once joined the chosen rows to an index lookup of the whole batch, run again for
     each of them (1,400 rows read and 1,225 thrown away for a claim of 50)."""
-    kind_type, _ = PG_VARIANTS[name]
-    plan = await _executed_plan(
-        queued_backlog,
-        f"(text[], {kind_type}, int) AS {queries('postgresql')[name]}",
-        f"(array_fill('w'::text, ARRAY[{CLAIM_BATCH}]), {ONE_KIND_ARGS[name]}, {CLAIM_BATCH})",
-    )
-    nodes = [node for node, _ in _nodes(plan)]
-    granted = [n["Actual Rows"] for n in nodes if n["Node Type"] == "ModifyTable"]
-    assert CLAIM_BATCH in granted, f"{name} granted no batch: {granted}"
+    nodes = await _granted_claim(queued_backlog, name, CLAIM_BATCH)
     read = sum(
         node["Actual Rows"] * node["Actual Loops"]
         for node in nodes
